@@ -1,0 +1,56 @@
+# Entry points: make serve | stop | archive | test | bench | gpu-check. See README.md.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+VERSION ?= 1.0
+STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+HANDLER_SOURCES := $(shell find handlers -name '*.py')
+DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
+
+.PHONY: venv archive serve stop test test-unit test-integration client gpu-check clean
+
+venv: $(STAMP)
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+
+# `make archive` builds every model's default archive; `make archive VERSION=2.0` adds digits-2.0.mar.
+ARCHIVES := model_store/digits.mar
+ifneq ($(VERSION),1.0)
+ARCHIVES += model_store/digits-$(VERSION).mar
+endif
+archive: $(ARCHIVES)
+
+model_store/digits.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
+	$(PY) -m scripts.build_archive --model digits --version 1.0
+model_store/digits-%.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
+	$(PY) -m scripts.build_archive --model digits --version $*
+
+serve: archive
+	$(PY) -m scripts.serve start
+
+stop: $(STAMP)
+	$(PY) -m scripts.serve stop
+
+test: archive
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+test-integration: archive
+	$(PY) -m pytest tests/integration
+
+# Example: make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json
+LANE ?= digits
+FILE ?= tests/fixtures/digit_7.png
+client: $(STAMP)
+	$(PY) -m scripts.client --model $(LANE) $(FILE)
+
+gpu-check: archive
+	$(PY) -m pytest -m gpu -v -s
+
+clean:
+	rm -rf build model_store/*.mar logs key_file.json

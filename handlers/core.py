@@ -1,0 +1,149 @@
+"""The inference core: rows in, results out, in micro-batches under torch.inference_mode(). No `ts` import."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from handlers.decoding import Payload
+from handlers.errors import RequestError, out_of_resources
+from handlers.settings import HandlerSettings
+from handlers.tasks import build_task
+
+logger = logging.getLogger(__name__)
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Response:
+    """One answer per request: a status code and a JSON-ready body."""
+
+    status: int
+    body: Any
+    rows: int = 0
+
+
+def select_device(gpu_id: int | str | None) -> torch.device:
+    """`cuda:<gpu_id>` when TorchServe assigned a GPU and CUDA is usable, else the CPU."""
+    if gpu_id is not None and torch.cuda.is_available():
+        return torch.device(f"cuda:{int(gpu_id)}")
+    return torch.device("cpu")
+
+
+class InferenceCore:
+    """One model on one device; serves TorchServe, the in-process batch runner and the tests alike."""
+
+    def __init__(self, task, model: Any, device: torch.device, settings: HandlerSettings) -> None:
+        self.task = task
+        self.model = model
+        self.device = device
+        self.settings = settings
+
+    @classmethod
+    def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> "InferenceCore":
+        task = build_task(settings)
+        model = task.load_model(Path(model_dir) / settings.model_file, device)
+        return cls(task, model, device, settings)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def answer(self, payloads: Sequence[Payload | RequestError]) -> list[Response]:
+        """Exactly one Response per payload, in order. A bad payload fails alone."""
+        responses: list[Response | None] = [None] * len(payloads)
+        rows: list[Any] = []
+        spans: list[tuple[int, int, int]] = []  # (request index, first row, row count)
+        for index, payload in enumerate(payloads):
+            try:
+                if isinstance(payload, RequestError):
+                    raise payload
+                decoded = self.decode(payload)
+            except RequestError as error:
+                responses[index] = Response(error.code, error.to_dict())
+                continue
+            spans.append((index, len(rows), len(decoded)))
+            rows.extend(decoded)
+        try:
+            results = self.predict(rows) if rows else []
+        except RequestError as error:  # out of memory even one row at a time
+            results = None
+            for index, _, count in spans:
+                responses[index] = Response(error.code, error.to_dict(), count)
+        if results is not None:
+            for index, first, count in spans:
+                chunk = results[first : first + count]
+                body = chunk[0] if payloads[index].raw else {"predictions": chunk}
+                responses[index] = Response(200, body, count)
+        return responses  # type: ignore[return-value]
+
+    def decode(self, payload: Payload) -> list[Any]:
+        if payload.raw:
+            return [self.task.decode_raw(payload.items[0])]
+        rows = []
+        for position, item in enumerate(payload.items):
+            try:
+                rows.append(self.task.decode_instance(item))
+            except RequestError as error:
+                raise error.at_row(position) from None
+        return rows
+
+    # -- rows -----------------------------------------------------------------------------------
+
+    def predict(self, rows: Sequence[Any]) -> list[Any]:
+        """Results for `rows` in their order, run in micro-batches of at most max_batch_rows.
+
+        Rows are grouped by cost (similar lengths together) and the results put back in input order.
+        A CUDA out-of-memory halves the micro-batch and retries; only one row that does not fit fails.
+        """
+        order = sorted(range(len(rows)), key=lambda i: self.task.row_cost(rows[i]))
+        results: list[Any] = [None] * len(rows)
+        step = self.settings.max_batch_rows
+        start = 0
+        while start < len(order):
+            chunk = order[start : start + step]
+            try:
+                outputs = self._run([rows[i] for i in chunk])
+            except torch.OutOfMemoryError:
+                self._release_memory()
+                if step == 1:
+                    raise out_of_resources("out of device memory for a single row; the input is too large") from None
+                step = max(1, step // 2)
+                logger.warning("out of memory at %d rows: retrying in micro-batches of %d", len(chunk), step)
+                continue
+            for i, result in zip(chunk, outputs, strict=True):
+                results[i] = result
+            start += len(chunk)
+        return results
+
+    def _run(self, rows: list[Any]) -> list[Any]:
+        pad_to = self.settings.max_batch_rows if self.settings.deterministic else None
+        batch = self._to_device(self.task.collate(rows, pad_to))
+        with torch.inference_mode(), self._autocast():
+            outputs = self.task.forward(self.model, batch)
+        outputs = outputs[: len(rows)].float().cpu()
+        results = self.task.unbatch(outputs, rows)
+        if len(results) != len(rows):
+            raise RuntimeError(f"task {self.task.name} returned {len(results)} results for {len(rows)} rows")
+        return results
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device.type != "cuda":
+            return batch
+        # Pinned host memory lets the copy overlap with work already queued on the GPU.
+        move = lambda t: t.pin_memory().to(self.device, non_blocking=True)  # noqa: E731
+        if isinstance(batch, dict):
+            return {key: move(value) for key, value in batch.items()}
+        return move(batch)
+
+    def _autocast(self):
+        if self.settings.precision == "fp32" or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type="cuda", dtype=AUTOCAST_DTYPES[self.settings.precision])
+
+    def _release_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

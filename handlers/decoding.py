@@ -1,0 +1,85 @@
+"""Turn one TorchServe request (its parameter dict) into a Payload: raw single item or JSON instances."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import orjson
+
+from handlers.errors import RequestError
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one request asked for: `items` are raw bodies (bytes/str) when `raw`, else JSON instances."""
+
+    items: list[Any]
+    raw: bool
+
+    @property
+    def many(self) -> bool:
+        return not self.raw
+
+
+def read_request(request: Mapping[str, Any]) -> Payload:
+    """Decode one entry of the list TorchServe passes to handle()."""
+    if "body" in request or "data" in request:
+        value = request["body"] if "body" in request else request["data"]
+    else:
+        value = _form_text(request)
+    return read_body(value)
+
+
+def read_body(value: Any) -> Payload:
+    """A body as TorchServe hands it over: bytes, str (text/*), or parsed JSON (application/json)."""
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value)
+        parsed = _maybe_json_object(value)
+        return _instances(parsed) if parsed is not None else _raw(value)
+    if isinstance(value, str):
+        parsed = _maybe_json_object(value.encode("utf-8"))
+        return _instances(parsed) if parsed is not None else _raw(value)
+    if isinstance(value, dict):
+        if "instances" not in value:
+            raise RequestError(f"JSON body must be an object with an 'instances' list, got keys {sorted(value)[:5]}")
+        return _instances(value)
+    if value is None:
+        raise RequestError("empty request: send a raw item as the body or JSON {\"instances\": [...]}")
+    raise RequestError(f"JSON body must be an object {{\"instances\": [...]}}, got a JSON {type(value).__name__}")
+
+
+def _raw(value: bytes | str) -> Payload:
+    if len(value) == 0:
+        raise RequestError("empty request body: send a raw item or JSON {\"instances\": [...]}")
+    return Payload(items=[value], raw=True)
+
+
+def _instances(body: dict) -> Payload:
+    instances = body.get("instances")
+    if not isinstance(instances, list) or not instances:
+        raise RequestError("'instances' must be a non-empty JSON list of items")
+    return Payload(items=instances, raw=False)
+
+
+def _maybe_json_object(data: bytes) -> dict | None:
+    """A JSON object with 'instances' sent without a JSON content type; anything else stays raw."""
+    if not data.lstrip()[:1] == b"{":
+        return None
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) and "instances" in parsed else None
+
+
+def _form_text(request: Mapping[str, Any]) -> bytes:
+    """`curl --data-binary 'text'` sends a form content type, which TorchServe splits into form fields.
+
+    Put the body back together so a plain curl still works; clients should send a real content type.
+    """
+    parts = []
+    for name, value in request.items():
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("utf-8", errors="replace")
+        parts.append(name if value in ("", None) else f"{name}={value}")
+    return "&".join(parts).encode("utf-8")

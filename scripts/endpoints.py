@@ -1,0 +1,74 @@
+"""Where the server is and how to talk to it: addresses from config.properties, tokens from key_file.json.
+
+Every script and test reads these from here, so there is one place that knows the layout.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config.properties"
+KEY_FILE = ROOT / "key_file.json"
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A Java .properties file as a dict (comments, blank lines and backslash continuations handled)."""
+    properties: dict[str, str] = {}
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith(("#", "!"))):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1]
+            continue
+        line, pending = pending + line, ""
+        key, _, value = line.partition("=")
+        properties[key.strip()] = value.strip()
+    return properties
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    inference: str
+    management: str
+    metrics: str
+    grpc_host: str
+    grpc_inference_port: int
+    grpc_management_port: int
+    key_file: Path
+
+    @classmethod
+    def from_config(cls, config: Path = CONFIG, key_file: Path = KEY_FILE) -> "Endpoints":
+        p = read_properties(config)
+        return cls(
+            inference=p.get("inference_address", "http://127.0.0.1:8080"),
+            management=p.get("management_address", "http://127.0.0.1:8081"),
+            metrics=p.get("metrics_address", "http://127.0.0.1:8082"),
+            grpc_host=p.get("grpc_inference_address", "127.0.0.1"),
+            grpc_inference_port=int(p.get("grpc_inference_port", 7070)),
+            grpc_management_port=int(p.get("grpc_management_port", 7071)),
+            key_file=key_file,
+        )
+
+    def token(self, kind: str) -> str:
+        """The 'inference' or 'management' key TorchServe wrote at start-up."""
+        return read_token(self.key_file, kind)
+
+    def auth(self, kind: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token(kind)}"}
+
+    def prediction_url(self, model: str, version: str | None = None) -> str:
+        return f"{self.inference}/predictions/{model}" + (f"/{version}" if version else "")
+
+
+def read_token(key_file: Path, kind: str) -> str:
+    if not key_file.exists():
+        raise SystemExit(f"{key_file} not found: start the server with `make serve` (it writes the token file there)")
+    keys = json.loads(key_file.read_text())
+    try:
+        return keys[kind]["key"]
+    except KeyError:
+        raise SystemExit(f"{key_file} has no {kind!r} key; is it TorchServe's key_file.json?") from None
