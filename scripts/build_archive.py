@@ -42,16 +42,18 @@ def build(model: str, version: str, model_store: Path, build_dir: Path) -> Path:
             shutil.copy2(file, extra / file.name)
         command = [
             str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name", name,
+            "--model-name", model,
             "--version", version,
             "--handler", str(ROOT / "handlers" / "torchserve_handler.py"),
             "--extra-files", str(extra),
             "--config-file", str(model_dir / "model-config.yaml"),
-            "--export-path", str(model_store),
+            "--export-path", staging,
             "--force",
         ]
         subprocess.run(command, check=True)
-    target = model_store / f"{name}.mar"
+        # The manifest keeps the model's own name; only the file name carries the version.
+        target = model_store / f"{name}.mar"
+        shutil.move(Path(staging) / f"{model}.mar", target)
     print(f"built {target} ({target.stat().st_size / 1e6:.1f} MB, {model} version {version})")
     return target
 
