@@ -22,7 +22,7 @@ JSON = "application/json"
 # Prometheus names: ts exposes backend metrics by these names (model_metrics_auto_detect=true).
 BATCH_REQUESTS = "HandlerBatchRequests"
 BATCH_ROWS = "HandlerBatchRows"
-HANDLER_LATENCY = "HandlerLatencyMs"
+HANDLER_LATENCY = "HandlerLatencySeconds"  # seconds: Prometheus default buckets fit
 GPU_MEMORY = "HandlerGPUMemoryAllocatedMB"
 
 
@@ -61,7 +61,7 @@ class UnifiedHandler:
             return
         metrics.add_metric(BATCH_REQUESTS, len(responses), "count", metric_type=MetricTypes.HISTOGRAM)
         metrics.add_metric(BATCH_ROWS, sum(r.rows for r in responses), "count", metric_type=MetricTypes.HISTOGRAM)
-        metrics.add_metric(HANDLER_LATENCY, seconds * 1000.0, "ms", metric_type=MetricTypes.HISTOGRAM)
+        metrics.add_metric(HANDLER_LATENCY, seconds, "s", metric_type=MetricTypes.HISTOGRAM)
         if self.core.device.type == "cuda":
             allocated = torch.cuda.memory_allocated(self.core.device) / 2**20
             metrics.add_metric(GPU_MEMORY, allocated, "MB", metric_type=MetricTypes.GAUGE)
