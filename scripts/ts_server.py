@@ -108,8 +108,8 @@ class Server:
         endpoints = self.endpoints
         try:
             reply = requests.get(f"{endpoints.management}/models/{model}", headers=endpoints.auth("management"), timeout=5)
-        except (requests.ConnectionError, SystemExit):
-            return False
+        except (requests.ConnectionError, SystemExit, ValueError):
+            return False  # not listening yet, or key_file.json not (fully) written yet
         if reply.status_code != 200:
             return False
         return any(worker.get("status") == "READY" for version in reply.json() for worker in version.get("workers", []))
