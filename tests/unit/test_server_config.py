@@ -1,0 +1,44 @@
+"""config.properties as TorchServe and our scripts read it, and the copies tests render from it."""
+import json
+
+import pytest
+
+from scripts.endpoints import CONFIG, Endpoints, read_properties
+from scripts.serve import lanes
+from scripts.ts_server import check_java, render_config
+
+
+def test_config_is_secure_by_default_and_loads_both_digits_lanes():
+    p = read_properties(CONFIG)
+    for key in ("inference_address", "management_address", "metrics_address"):
+        assert p[key].startswith("http://127.0.0.1:")
+    assert p["grpc_inference_address"] == p["grpc_management_address"] == "127.0.0.1"
+    assert p["disable_token_authorization"] == "false" and p["enable_model_api"] == "true"
+    assert p["allowed_urls"] == "file://.*" and p["metrics_mode"] == "prometheus"
+    assert {"digits", "digits-bulk"} <= set(lanes())
+
+
+def test_lanes_batch_differently_from_one_archive():
+    models = json.loads(read_properties(CONFIG)["models"])
+    stream, bulk = models["digits"]["1.0"], models["digits-bulk"]["1.0"]
+    assert stream["marName"] == bulk["marName"] == "digits.mar"
+    assert stream["maxBatchDelay"] < bulk["maxBatchDelay"] and stream["batchSize"] > bulk["batchSize"]
+
+
+def test_rendered_config_moves_ports_and_store_and_keeps_the_rest(tmp_path):
+    ports = {"inference": 18080, "management": 18081, "metrics": 18082, "grpc_inference": 17070, "grpc_management": 17071, "workers": 19000}
+    out = render_config(tmp_path / "c.properties", tmp_path / "store", ports, {"load_models": "digits=digits.mar"})
+    p = read_properties(out)
+    e = Endpoints.from_config(out, tmp_path / "key_file.json")
+    assert (e.inference, e.management, e.metrics) == ("http://127.0.0.1:18080", "http://127.0.0.1:18081", "http://127.0.0.1:18082")
+    assert (e.grpc_inference_port, e.grpc_management_port) == (17070, 17071)
+    assert p["model_store"] == str(tmp_path / "store") and p["initial_worker_port"] == "19000"
+    assert p["load_models"] == "digits=digits.mar"
+    assert json.loads(p["models"]) == json.loads(read_properties(CONFIG)["models"])
+
+
+def test_missing_java_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(SystemExit, match="apt-get install openjdk-17-jre-headless"):
+        check_java()
