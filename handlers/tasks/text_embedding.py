@@ -1,0 +1,105 @@
+"""Text embedding task (`minilm`): UTF-8 text -> {"embedding": [384 unit-length floats], "truncated": bool}.
+
+Tokenizes with the `tokenizers` library from the tokenizer.json shipped in the archive; the exported
+model does mean pooling and L2 normalisation itself. Batches are padded to their longest row only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tokenizers import Tokenizer
+
+from handlers.errors import RequestError
+from handlers.model_files import load_program
+from handlers.settings import HandlerSettings
+
+DEFAULT_TOKENIZER_FILE = "tokenizer.json"
+# The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
+EXPORTED_MAX_SEQ_LENGTH = 256
+PAD_TOKEN = "[PAD]"
+
+
+@dataclass(frozen=True)
+class TokenizedText:
+    """One row: token ids with [CLS]/[SEP], at most max_seq_length of them, and whether text was cut."""
+
+    ids: list[int]
+    truncated: bool
+
+
+class TextEmbedding:
+    name = "text_embedding"
+
+    def __init__(self, settings: HandlerSettings) -> None:
+        options = settings.task_options
+        self.tokenizer_file = str(options.get("tokenizer_file", DEFAULT_TOKENIZER_FILE))
+        self.max_seq_length = options.get("max_seq_length", EXPORTED_MAX_SEQ_LENGTH)
+        if isinstance(self.max_seq_length, bool) or not isinstance(self.max_seq_length, int) or not 2 <= self.max_seq_length <= EXPORTED_MAX_SEQ_LENGTH:
+            raise ValueError(f"handler.max_seq_length must be an integer in 2..{EXPORTED_MAX_SEQ_LENGTH}, got {self.max_seq_length!r}")
+        self.tokenizer: Tokenizer | None = None
+        self.pad_id = 0
+
+    def load_model(self, model_path: Path, device: torch.device):
+        # The tokenizer ships beside the model file, so it is loaded here, where the archive folder is known.
+        self.tokenizer = self._load_tokenizer(model_path.parent / self.tokenizer_file)
+        return load_program(model_path, device)
+
+    def _load_tokenizer(self, path: Path) -> Tokenizer:
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {path} not found in the archive (handler.tokenizer_file)")
+        tokenizer = Tokenizer.from_file(str(path))
+        # tokenizer.json carries the hub's defaults (fixed padding, 128-token truncation): replace them,
+        # padding is done per micro-batch in collate().
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=self.max_seq_length)
+        pad_id = tokenizer.token_to_id(PAD_TOKEN)
+        self.pad_id = 0 if pad_id is None else pad_id
+        return tokenizer
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def decode_raw(self, body: bytes | str) -> TokenizedText:
+        if isinstance(body, (bytes, bytearray)):
+            try:
+                body = bytes(body).decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RequestError(f"body must be UTF-8 text (or JSON {{\"instances\": [str, ...]}}): {error}") from None
+        return self._tokenize(body)
+
+    def decode_instance(self, item: Any) -> TokenizedText:
+        if not isinstance(item, str):
+            raise RequestError(f"expected a string, got {type(item).__name__}")
+        return self._tokenize(item)
+
+    def _tokenize(self, text: str) -> TokenizedText:
+        # An empty or blank text becomes [CLS][SEP], as in sentence-transformers; it has an embedding too.
+        encoding = self.tokenizer.encode(text)
+        return TokenizedText(ids=encoding.ids, truncated=bool(encoding.overflowing))
+
+    # -- batch ----------------------------------------------------------------------------------
+
+    def collate(self, rows: Sequence[TokenizedText], pad_to: int | None) -> dict[str, torch.Tensor]:
+        """Pad to the longest row of this micro-batch; deterministic mode (`pad_to`) pads to a fixed
+        (pad_to, max_seq_length) shape instead, so results do not depend on batch company."""
+        count = len(rows) if pad_to is None else max(pad_to, len(rows))
+        length = max(len(row.ids) for row in rows) if pad_to is None else self.max_seq_length
+        input_ids = torch.full((count, length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((count, length), dtype=torch.long)
+        for index, row in enumerate(rows):
+            input_ids[index, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)
+            attention_mask[index, : len(row.ids)] = 1
+        # Padding rows attend to one token so no row is fully masked; their outputs are dropped.
+        attention_mask[len(rows) :, 0] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def forward(self, model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["input_ids"], batch["attention_mask"])
+
+    def unbatch(self, outputs: torch.Tensor, rows: Sequence[TokenizedText]) -> list[dict]:
+        return [{"embedding": vector, "truncated": row.truncated} for vector, row in zip(outputs.tolist(), rows, strict=True)]
+
+    def row_cost(self, row: TokenizedText) -> int:
+        return len(row.ids)
