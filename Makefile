@@ -60,3 +60,26 @@ gpu-check: archive
 
 clean:
 	rm -rf build model_store/*.mar logs key_file.json
+
+# --- gRPC stubs and hot-swap (README: gRPC, Hot-swap and rollback) ---
+# Stubs are generated from the installed TorchServe's model-server.jar, never committed.
+GRPC_STUBS := $(addprefix scripts/grpc_stubs/,inference_pb2.py inference_pb2_grpc.py management_pb2.py management_pb2_grpc.py)
+MODEL ?= digits
+.PHONY: grpc-stubs grpc-client swap rollback
+grpc-stubs: $(GRPC_STUBS)
+$(GRPC_STUBS) &: $(STAMP) scripts/build_grpc_stubs.py
+	$(PY) -m scripts.build_grpc_stubs
+archive serve test test-unit test-integration gpu-check: grpc-stubs
+# The hot-swap tests swap digits 1.0 -> 2.0 -> 1.0, so the tests need the second version too.
+test test-integration: model_store/digits-2.0.mar
+
+# Example: make grpc-client LANE=digits FILE=tests/fixtures/digit_7.png
+grpc-client: grpc-stubs
+	$(PY) -m scripts.grpc_client --model $(LANE) $(FILE)
+
+# make swap MODEL=digits MAR=model_store/digits-2.0.mar ; make rollback MODEL=digits
+swap: grpc-stubs
+	@test -n "$(MAR)" || { echo "usage: make swap MODEL=digits MAR=model_store/digits-2.0.mar (build it: make archive VERSION=2.0)" >&2; exit 2; }
+	$(PY) -m scripts.hot_swap swap --model $(MODEL) --mar $(MAR)
+rollback: grpc-stubs
+	$(PY) -m scripts.hot_swap rollback --model $(MODEL)
