@@ -105,3 +105,13 @@ def test_handler_metrics_reach_prometheus(digits_server):
     # Latency in seconds, so Prometheus' default buckets (5 ms .. 10 s) give usable percentiles.
     assert prometheus_value(text, "HandlerLatencySeconds_count", "digits-bulk") >= 1
     assert prometheus_value(text, 'HandlerLatencySeconds_bucket', "digits-bulk") > 0
+
+
+def test_each_lane_runs_with_its_own_batching(digits_server):
+    endpoints = digits_server.endpoints
+    described = {}
+    for lane in LANES:
+        reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
+        [model] = reply.json()
+        described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"])
+    assert described == {"digits": (16, 5, 300), "digits-bulk": (4, 50, 300)}
