@@ -83,3 +83,25 @@ swap: grpc-stubs
 	$(PY) -m scripts.hot_swap swap --model $(MODEL) --mar $(MAR)
 rollback: grpc-stubs
 	$(PY) -m scripts.hot_swap rollback --model $(MODEL)
+
+# --- batch jobs, verify, bench (README: Batch jobs) ---
+# make batch-job: 10,000 held-out digits through the digits-bulk lane of a running `make serve`.
+# make batch-job BATCH_INPUT=rows.parquet BATCH_OUTPUT=out.parquet BATCH_ARGS="--in-process --resume"
+BATCH_EXAMPLE := build/batch/digits-10k.jsonl
+BATCH_MODEL ?= digits
+BATCH_INPUT ?= $(BATCH_EXAMPLE)
+BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
+BATCH_ARGS ?= --overwrite
+.PHONY: batch-job verify bench
+$(BATCH_EXAMPLE): | $(STAMP)
+	$(PY) -m scripts.digits_inputs --rows 10000 --output $@
+batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
+	$(PY) -m scripts.batch_job --model $(BATCH_MODEL) --input $(BATCH_INPUT) --output $(BATCH_OUTPUT) $(BATCH_ARGS)
+
+# Starts its own TorchServe on free ports (not `make serve`'s): default mode, then deterministic mode.
+verify: model_store/digits.mar
+	$(PY) -m scripts.verify
+
+# 100,000 rows through the bulk lane and in-process; writes docs/benchmarks.md (own server, free ports).
+bench: model_store/digits.mar
+	$(PY) -m scripts.bench_batch

@@ -25,11 +25,15 @@ def content_type(path: Path) -> str:
     return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
 
 
-def predict(endpoints: Endpoints, model: str, body: bytes, kind: str, version: str | None = None, timeout: float = 300) -> requests.Response:
+def predict(
+    endpoints: Endpoints, model: str, body: bytes, kind: str, version: str | None = None, timeout: float = 300,
+    session: requests.Session | None = None,
+) -> requests.Response:
     """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
-    (without one, curl-style form encoding makes TorchServe mangle binary bodies)."""
+    (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
+    keep the connection open across many calls (batch jobs)."""
     headers = {**endpoints.auth("inference"), "Content-Type": kind}
-    return requests.post(endpoints.prediction_url(model, version), data=body, headers=headers, timeout=timeout)
+    return (session or requests).post(endpoints.prediction_url(model, version), data=body, headers=headers, timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,59 @@
+"""A copy of a built .mar with some `handler:` settings changed: same weights, same code, other settings.
+
+    python -m scripts.archive_variant model_store/digits.mar build/digits-deterministic.mar deterministic=true
+
+Used by `make verify` to serve the deterministic mode without retraining or touching the default archive.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handlers.settings import HandlerSettings
+
+CONFIG_NAME = "model-config.yaml"
+
+
+def write_variant(source: Path, target: Path, handler: dict[str, Any]) -> Path:
+    """Copy `source` to `target`, replacing the listed keys of model-config.yaml's handler section."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(target.name + ".tmp")
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(temporary, "w", zipfile.ZIP_DEFLATED) as new:
+        for entry in old.infolist():
+            data = old.read(entry)
+            if entry.filename == CONFIG_NAME:
+                data = _changed_config(data, handler)
+            new.writestr(entry, data)
+    os.replace(temporary, target)
+    return target
+
+
+def _changed_config(data: bytes, handler: dict[str, Any]) -> bytes:
+    config = yaml.safe_load(data) or {}
+    config["handler"] = {**config.get("handler", {}), **handler}
+    HandlerSettings.from_yaml(config)  # refuse to write an archive the handler would reject at start-up
+    return yaml.safe_dump(config, sort_keys=False).encode("utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", type=Path)
+    parser.add_argument("target", type=Path)
+    parser.add_argument("settings", nargs="+", help="KEY=VALUE, the value read as YAML (true, 256, bf16)")
+    args = parser.parse_args()
+    changes = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"expected KEY=VALUE, got {item!r}")
+        changes[key] = yaml.safe_load(value)
+    print(f"wrote {write_variant(args.source, args.target, changes)}")
+
+
+if __name__ == "__main__":
+    main()
