@@ -22,6 +22,7 @@ import itertools
 import sys
 import tempfile
 import threading
+import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,9 +84,8 @@ class ModeReport:
         return problems
 
     def text(self) -> str:
-        setting = "true: every micro-batch padded" if self.deterministic else "false"
-        lines = [f"mode: {self.mode} (handler.deterministic: {setting} to max_batch_rows={self.max_batch_rows})" if self.deterministic
-                 else f"mode: {self.mode} (handler.deterministic: false, max_batch_rows={self.max_batch_rows})",
+        padding = f", every micro-batch padded to {self.max_batch_rows} rows" if self.deterministic else ""
+        lines = [f"mode: {self.mode} (handler.deterministic: {str(self.deterministic).lower()}, max_batch_rows={self.max_batch_rows}{padding})",
                  f"rows: {len(self.labels)} held-out digits"]
         for path in self.paths:
             lines.append(f"  {path.name:<11} accuracy {path.accuracy(self.labels):.4f}  {path.note}")
@@ -130,11 +130,12 @@ def stream_path(endpoints: Endpoints, rows: DigitRows) -> PathResult:
             raise SystemExit(f"stream request failed: HTTP {reply.status_code} {reply.text[:200]}")
         return reply.json()["predictions"][0]["scores"], int(reply.headers.get("X-Batch-Requests", 1))
 
+    started = time.perf_counter()
     with ThreadPoolExecutor(STREAM_CLIENTS) as pool:
         answers = list(pool.map(one, rows.instances))
-    sizes = collections.Counter(size for _, size in answers)
-    note = f"{len(answers)} single-row requests, {STREAM_CLIENTS} clients; handler batch sizes seen: " + \
-        ", ".join(f"{size}x{count}" for size, count in sorted(sizes.items()))
+    seconds = time.perf_counter() - started
+    sizes = dict(sorted(collections.Counter(size for _, size in answers).items()))
+    note = f"{len(answers)} single-row requests from {STREAM_CLIENTS} clients in {seconds:.1f}s; requests by handler-call size {sizes}"
     return PathResult("stream", np.array([scores for scores, _ in answers]), note)
 
 
@@ -144,7 +145,7 @@ def job_path(name: str, config: JobConfig) -> PathResult:
         raise SystemExit(f"{name} job rejected {summary.failed} held-out rows; see {summary.errors}")
     records = read_results(config.output)
     return PathResult(name, np.array([r["prediction"]["scores"] for r in records]),
-                      f"batch job, chunks of {config.chunk_size} rows, {summary.predicted} results")
+                      f"batch job, chunks of {config.chunk_size} rows, {summary.predicted} results in {summary.seconds:.1f}s")
 
 
 def main(argv: list[str] | None = None) -> int:
