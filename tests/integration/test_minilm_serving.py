@@ -9,8 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import orjson
 import pytest
+import requests
 
+from scripts.client import main as client_main
 from scripts.client import predict
+from scripts.endpoints import ROOT
 from tests.minilm_samples import cosines, reference_embeddings, varied_sentences
 
 TEXT = "text/plain; charset=utf-8"
@@ -89,3 +92,22 @@ def test_curl_with_a_text_content_type_gets_a_unit_vector_and_without_one_a_400_
     # curl's default is application/x-www-form-urlencoded: TorchServe drops the text before the handler.
     status, body = curl(minilm_server.endpoints, "a sentence")
     assert status == 400 and "Content-Type: text/plain" in body["message"]
+
+
+def test_each_lane_runs_with_its_own_batching(minilm_server):
+    endpoints = minilm_server.endpoints
+    described = {}
+    for lane in ("minilm", "minilm-bulk"):
+        reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
+        [model] = reply.json()
+        described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"])
+    assert described == {"minilm": (16, 5, 600), "minilm-bulk": (2, 50, 600)}
+
+
+def test_rest_client_sends_text_and_instance_files(minilm_server, capsys):
+    where = ["--config", str(minilm_server.server.config), "--key-file", str(minilm_server.endpoints.key_file)]
+    assert client_main(["--model", "minilm", "--text", "a sentence", *where]) == 0
+    assert len(orjson.loads(capsys.readouterr().out)["embedding"]) == 384
+    assert client_main(["--model", "minilm-bulk", str(ROOT / "tests" / "fixtures" / "minilm_instances.json"), *where]) == 0
+    predictions = orjson.loads(capsys.readouterr().out)["predictions"]
+    assert len(predictions) == 5 and all(len(p["embedding"]) == 384 for p in predictions)
