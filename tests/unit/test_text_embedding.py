@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from handlers.core import InferenceCore
 from handlers.decoding import Payload, read_body
 from handlers.errors import RequestError
+from handlers.model_files import load_program
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
 from handlers.tasks.text_embedding import TokenizedText
@@ -143,3 +144,24 @@ def test_missing_tokenizer_file_is_named(minilm_dir, tmp_path):
     (tmp_path / "minilm.pt2").symlink_to(minilm_dir / "minilm.pt2")
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         InferenceCore.load(tmp_path, minilm_settings(), torch.device("cpu"))
+
+
+def test_the_program_moves_whole_to_another_device(minilm_dir):
+    """The graph's own device arguments (mask aranges, casts) follow the weights: checked on the meta
+    device, where a tensor left on the CPU fails ("cannot copy out of meta tensor"); the real CUDA run
+    is the gpu test below."""
+    module = load_program(minilm_dir / "minilm.pt2", torch.device("meta"))
+    input_ids = torch.ones((3, 20), dtype=torch.long, device="meta")
+    output = module(input_ids, torch.ones_like(input_ids))
+    assert output.device.type == "meta" and output.shape == (3, 384)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_embeddings_match_sentence_transformers(minilm_dir):
+    from handlers.core import select_device
+
+    sentences = varied_sentences()
+    core = InferenceCore.load(minilm_dir, minilm_settings(), select_device(0))
+    embeddings = [p["embedding"] for p in embed(core, sentences)]
+    assert cosines(embeddings, reference_embeddings(sentences)).min() >= 0.9999
