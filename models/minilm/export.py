@@ -67,6 +67,7 @@ def build_encoder(source: Path) -> SentenceEncoder:
     from transformers import BertModel, logging  # build-time only
 
     logging.set_verbosity_error()  # it reports the unused pooler weights, which we drop on purpose
+    logging.disable_progress_bar()
     bert = BertModel.from_pretrained(str(source), add_pooling_layer=False, attn_implementation="sdpa")
     return SentenceEncoder(bert).eval()
 
