@@ -102,6 +102,8 @@ batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
 verify: model_store/digits.mar
 	$(PY) -m scripts.verify
 
-# 100,000 rows through the bulk lane and in-process; writes docs/benchmarks.md (own server, free ports).
+# 100,000 rows through the bulk lane and in-process, then stream-lane latency percentiles at 1 and 8
+# clients; writes docs/benchmarks.md (own servers, free ports).
 bench: model_store/digits.mar
 	$(PY) -m scripts.bench_batch
+	$(PY) -m scripts.bench_stream

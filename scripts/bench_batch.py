@@ -10,23 +10,17 @@ output holds exactly one result per input row, prints rows/s and writes them to 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import sys
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-import torch
-
 from scripts.batch_job import JobConfig, JobSummary, run_job
 from scripts.digits_inputs import digit_rows, write_jsonl
+from scripts.bench_report import REPORT, machine, replace_section
 from scripts.endpoints import ROOT
 from scripts.temp_server import temporary_server
 
-REPORT = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- batch-job bench: begin -->", "<!-- batch-job bench: end -->"
 
 
 @dataclass(frozen=True)
@@ -73,13 +67,8 @@ def bench(rows: int, chunk_size: int, concurrency: int, workdir: Path) -> BenchR
     return BenchResult(rows, chunk_size, concurrency, served, local)
 
 
-def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores visible, torch {torch.__version__} ({torch.get_num_threads()} threads), no GPU used"
-
-
 def write_report(result: BenchResult) -> None:
-    section = "\n".join([
-        BEGIN,
+    replace_section("batch-job bench", "\n".join([
         "## Batch jobs: bulk lane vs in-process (`make bench`)",
         "",
         f"Measured {date.today().isoformat()} on {machine()}. Figures vary with whatever else runs on the machine.",
@@ -92,13 +81,7 @@ def write_report(result: BenchResult) -> None:
         f"{result.in_process.rows_per_second:,.0f} | {result.in_process.seconds:.1f} | {result.in_process.predicted:,} |",
         "",
         f"Bulk lane / in-process: {result.server.rows_per_second / result.in_process.rows_per_second:.2f}x.",
-        END,
-    ])
-    existing = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
-    updated = pattern.sub(lambda _: section, existing) if pattern.search(existing) else existing.rstrip("\n") + "\n\n" + section
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(updated + ("" if updated.endswith("\n") else "\n"))
+    ]))
 
 
 def main(argv: list[str] | None = None) -> int:

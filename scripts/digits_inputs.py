@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from tests.digits_samples import held_out
+from models.digits.samples import held_out
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scripts.grpc_client import GrpcClient, PredictionError
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 
 
 @pytest.fixture(scope="module")

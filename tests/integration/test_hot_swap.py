@@ -23,7 +23,7 @@ from scripts.client import predict
 from scripts.grpc_client import GrpcClient, PredictionError
 from scripts.hot_swap import Swapper, SwapRefused
 from scripts.management_api import ManagementApi, ManagementError
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 from tests.integration.conftest import start_server
 
 SAMPLES = 8

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from scripts.client import predict
-from tests.digits_samples import grid_png, held_out, scanned_png
+from models.digits.samples import grid_png, held_out, scanned_png
 
 LANES = ["digits", "digits-bulk"]
 

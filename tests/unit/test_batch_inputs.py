@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scripts.batch_inputs import InputError, open_input
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 
 GRIDS = [[int(v) for v in grid.reshape(-1)] for grid in held_out(5)[0]]
 

@@ -6,7 +6,7 @@ import torch
 from handlers.core import InferenceCore, select_device
 from handlers.decoding import Payload
 from handlers.errors import RequestError
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 from tests.unit.conftest import digits_settings
 
 

@@ -9,7 +9,7 @@ import torch
 
 from handlers.core import InferenceCore, select_device
 from handlers.decoding import Payload
-from tests.digits_samples import held_out
+from models.digits.samples import held_out
 from tests.unit.conftest import digits_settings
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

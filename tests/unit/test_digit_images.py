@@ -3,7 +3,7 @@ import pytest
 
 from handlers.digit_images import image_to_grid
 from handlers.errors import RequestError
-from tests.digits_samples import grid_png, held_out, scanned_png
+from models.digits.samples import grid_png, held_out, scanned_png
 
 
 def test_an_8x8_png_of_a_grid_gives_the_grid_back():

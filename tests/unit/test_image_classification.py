@@ -5,7 +5,7 @@ import pytest
 
 from handlers.errors import RequestError
 from handlers.tasks.image_classification import ImageClassification
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 from tests.unit.conftest import digits_settings
 
 TASK = ImageClassification(digits_settings())

@@ -13,7 +13,7 @@ from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.utils.util import list_classes_from_module
 
-from tests.digits_samples import grid_png, held_out
+from models.digits.samples import grid_png, held_out
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = importlib.import_module("handlers.torchserve_handler")

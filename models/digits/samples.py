@@ -1,4 +1,4 @@
-"""Held-out digits as the payloads clients send: JSON grids and PNG bytes in several looks."""
+"""Held-out digits as the payloads clients send: JSON grids and PNG bytes in several looks (tests, benchmarks, verify)."""
 from __future__ import annotations
 
 import io
