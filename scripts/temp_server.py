@@ -1,5 +1,5 @@
-"""A throwaway TorchServe for `make verify` and `make bench`: one archive under the repository's lanes,
-on free ports, in a temporary folder, stopped on the way out (also on errors or Ctrl-C)."""
+"""Throwaway TorchServes on free ports from a folder of their own, stopped on the way out (also on errors
+or Ctrl-C): the integration tests, `make verify` and `make bench` all start theirs here."""
 from __future__ import annotations
 
 import contextlib
@@ -14,21 +14,32 @@ from scripts.ts_server import Server, free_ports, render_config
 
 
 @contextlib.contextmanager
+def serving_in(workdir: Path, archives: dict[str, Path], overrides: dict[str, str] | None = None,
+               models: list[str] | None = None) -> Iterator[Server]:
+    """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
+    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped."""
+    store = workdir / "model_store"
+    store.mkdir(parents=True, exist_ok=True)
+    for name, source in archives.items():
+        if not source.exists():
+            raise FileNotFoundError(f"{source} is missing: run `make archive` first (make test does)")
+        shutil.copy2(source, store / name)
+    config = render_config(workdir / "config.properties", store, free_ports(), overrides)
+    server = Server(config=config, workdir=workdir, model_store=store)
+    process = server.start(foreground=True)
+    try:
+        server.wait_ready(models if models is not None else lanes(config), process=process)
+        yield server
+    finally:
+        server.stop(process)
+
+
+@contextlib.contextmanager
 def temporary_server(archive: Path, name: str = "digits.mar") -> Iterator[Server]:
     """Serve `archive` as model_store/`name` under the lanes config.properties gives that file (and no others)."""
     with tempfile.TemporaryDirectory(prefix="torchserve-") as folder:
-        workdir = Path(folder)
-        store = workdir / "model_store"
-        store.mkdir()
-        shutil.copy2(archive, store / name)
-        config = render_config(workdir / "config.properties", store, free_ports(), {"load_models": _load_models(name)})
-        server = Server(config=config, workdir=workdir, model_store=store)
-        process = server.start(foreground=True)
-        try:
-            server.wait_ready(lanes(config), process=process)
+        with serving_in(Path(folder), {name: archive}, {"load_models": _load_models(name)}) as server:
             yield server
-        finally:
-            server.stop(process)
 
 
 def _load_models(name: str) -> str:

@@ -1,15 +1,14 @@
 """A real TorchServe per test session, on free ports, from a temporary folder; stopped even on failure."""
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from scripts.endpoints import ROOT, Endpoints
-from scripts.serve import lanes
-from scripts.ts_server import Server, free_ports, render_config
+from scripts.temp_server import serving_in
+from scripts.ts_server import Server
 
 
 @dataclass
@@ -22,21 +21,8 @@ class RunningServer:
 
 def start_server(workdir: Path, archives: list[str], overrides: dict[str, str] | None = None, models: list[str] | None = None):
     """Start TorchServe in `workdir` with copies of `archives` from model_store; yields a RunningServer."""
-    store = workdir / "model_store"
-    store.mkdir(parents=True)
-    for name in archives:
-        source = ROOT / "model_store" / name
-        if not source.exists():
-            pytest.fail(f"{source} is missing: run `make archive` (make test does) first")
-        shutil.copy2(source, store / name)
-    config = render_config(workdir / "config.properties", store, free_ports(), overrides)
-    server = Server(config=config, workdir=workdir, model_store=store)
-    process = server.start(foreground=True)
-    try:
-        server.wait_ready(models if models is not None else lanes(config), process=process)
-        yield RunningServer(server, server.endpoints, workdir, store)
-    finally:
-        server.stop(process)
+    with serving_in(workdir, {name: ROOT / "model_store" / name for name in archives}, overrides, models) as server:
+        yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 
 def two_lanes(model: str) -> dict[str, str]:
