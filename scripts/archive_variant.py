@@ -19,22 +19,26 @@ from handlers.settings import HandlerSettings
 CONFIG_NAME = "model-config.yaml"
 
 
-def write_variant(source: Path, target: Path, handler: dict[str, Any]) -> Path:
-    """Copy `source` to `target`, replacing the listed keys of model-config.yaml's handler section."""
+def write_variant(source: Path, target: Path, handler: dict[str, Any], top: dict[str, Any] | None = None) -> Path:
+    """Copy `source` to `target`, replacing the listed keys of model-config.yaml's handler section and, from
+    `top`, TorchServe's own top-level keys (e.g. sequenceBatching for a stateful lane)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(target.name + ".tmp")
     with zipfile.ZipFile(source) as old, zipfile.ZipFile(temporary, "w", zipfile.ZIP_DEFLATED) as new:
         for entry in old.infolist():
             data = old.read(entry)
             if entry.filename == CONFIG_NAME:
-                data = _changed_config(data, handler)
+                data = _changed_config(data, handler, top or {})
             new.writestr(entry, data)
     os.replace(temporary, target)
     return target
 
 
-def _changed_config(data: bytes, handler: dict[str, Any]) -> bytes:
+def _changed_config(data: bytes, handler: dict[str, Any], top: dict[str, Any]) -> bytes:
     config = yaml.safe_load(data) or {}
+    if "handler" in top:
+        raise ValueError("top-level changes may not replace the handler section; pass its keys as `handler`")
+    config.update(top)
     config["handler"] = {**config.get("handler", {}), **handler}
     HandlerSettings.from_yaml(config)  # refuse to write an archive the handler would reject at start-up
     return yaml.safe_dump(config, sort_keys=False).encode("utf-8")

@@ -2,6 +2,7 @@
 
     python -m scripts.grpc_client --model digits tests/fixtures/digit_7.png
     python -m scripts.grpc_client --model digits --repeat 100 tests/fixtures/digit_7.png   # one stream
+    python -m scripts.grpc_client --model digits-seq --stream2 --repeat 100 tests/fixtures/digit_7.png
 
 The inference token travels in the call metadata ("authorization: Bearer <key>"). A request the handler
 refuses comes back over gRPC as a normal reply whose body is the REST error JSON (TorchServe's gRPC path
@@ -9,8 +10,9 @@ drops the per-request status that REST turns into a 4xx), so this client recogni
 PredictionError with its message, as REST clients get a 4xx.
 
 Streams: `stream()` keeps one channel (one HTTP/2 connection) open and pipelines unary Predictions calls
-on it, answers in request order. `stream2()` uses the bidirectional StreamPredictions2 RPC; TorchServe
-0.12 serves that only for stateful (sequence-batching) models, see its docstring.
+on it, answers in request order. `stream2()` uses the bidirectional StreamPredictions2 RPC, which
+TorchServe 0.12 serves only for stateful (sequence-batching) models: the `<model>-seq` lane that
+scripts/sequence_lane.py registers, same weights and handler.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import argparse
 import collections
 import json
 import sys
+import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +40,8 @@ except ImportError as missing:  # generated at build time, never committed
 ERROR_KEYS = frozenset(RequestError("").to_dict())
 STATELESS_STREAM2 = (
     "TorchServe 0.12 answers StreamPredictions2 only for stateful models (sequence batching); for a "
-    "stateless model like {model!r} it drops the stream. Use stream() (pipelined Predictions on one channel)"
+    "stateless model like {model!r} it drops the stream. Stream to its sequence lane ({model}-seq, registered "
+    "by `python -m scripts.sequence_lane`) or use stream() (pipelined Predictions on one channel)"
 )
 
 
@@ -129,27 +133,90 @@ class GrpcClient:
         except grpc.RpcError as error:
             raise rpc_error(error) from None
 
-    def stream2(self, model: str, bodies: Iterable[bytes], version: str | None = None) -> Iterator[Any]:
-        """StreamPredictions2: one bidirectional stream, one reply per request, in order.
+    def stream2(self, model: str, bodies: Iterable[bytes], window: int = 8, version: str | None = None,
+                timeout: float | None = None) -> "SequenceStream":
+        """StreamPredictions2 to a stateful lane (e.g. digits-seq): one long-lived call, one answer per body, in order.
 
-        TorchServe 0.12 requires a sequence_id on every message and then looks the sequence up in the
-        model's job groups, which exist only for stateful (sequence-batching) models; for any other model
-        the server throws and ends the call with UNKNOWN, which is raised here as PredictionError.
+        The stream is one TorchServe sequence (a fresh sequence_id); up to `window` bodies are in flight
+        (keep it below the lane's maxSequenceJobQueueSize). `bodies` may be a generator that produces
+        items over time. `timeout` bounds the whole call (default: none, the stream lives as long as
+        `bodies`). See SequenceStream for how errors arrive.
         """
-        sequence = f"grpc-client-{uuid.uuid4()}"
-        requests = (
-            inference_pb2.PredictionsRequest(model_name=model, model_version=version or "", input={"body": body}, sequence_id=sequence)
+        sequence_id = f"grpc-client-{uuid.uuid4()}"
+        messages = (
+            inference_pb2.PredictionsRequest(model_name=model, model_version=version or "", input={"body": body}, sequence_id=sequence_id)
             for body in bodies
         )
+        return SequenceStream(self.stub.StreamPredictions2, messages, model, window, self.metadata, timeout)
+
+
+class SequenceStream:
+    """Iterator over one StreamPredictions2 call's answers, in request order.
+
+    next() returns an item's decoded result, or raises PredictionError for an item the handler refused;
+    the stream goes on, so the next call to next() answers the following item. Errors of the call
+    itself (bad token, unknown model, a stateless model: StreamNotSupported) raise and end the stream.
+    """
+
+    def __init__(self, rpc, messages: Iterator, model: str, window: int, metadata, timeout: float | None) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self.model = model
+        self.window = window
+        self._slots = threading.Semaphore(window)
+        self._closed = threading.Event()
+        self._call = rpc(self._requests(messages), metadata=metadata, timeout=timeout)
+
+    def _requests(self, messages: Iterator) -> Iterator:
+        # Runs on gRPC's sending thread. TorchServe ends the call as soon as the client half-closes and
+        # drops the answers still in flight, so after the last message the request side stays open
+        # until every answer has arrived (all `window` slots are back).
+        for message in messages:
+            if not self._take_slot():
+                return
+            yield message
+        for _ in range(self.window):
+            if not self._take_slot():
+                return
+
+    def _take_slot(self) -> bool:
+        # Also gives up when the call ended without close() (an abandoned stream whose channel was closed).
+        while not self._closed.is_set() and not (hasattr(self, "_call") and self._call.done()):
+            if self._slots.acquire(timeout=0.2):
+                return True
+        return False
+
+    def __iter__(self) -> "SequenceStream":
+        return self
+
+    def __next__(self) -> Any:
         try:
-            for reply in self.stub.StreamPredictions2(requests, metadata=self.metadata, timeout=self.timeout):
-                if reply.HasField("status") and reply.status.code != 0:
-                    raise PredictionError(reply.status.message, reply.status.code, "GrpcError")
-                yield result_of(reply.prediction)
+            reply = next(self._call)
+        except StopIteration:
+            self.close()
+            raise
         except grpc.RpcError as error:
+            self.close()
             if error.code() == grpc.StatusCode.UNKNOWN and not error.details():
-                raise PredictionError(STATELESS_STREAM2.format(model=model), "UNKNOWN", "StreamNotSupported") from None
+                raise PredictionError(STATELESS_STREAM2.format(model=self.model), "UNKNOWN", "StreamNotSupported") from None
             raise rpc_error(error) from None
+        self._slots.release()
+        if reply.HasField("status") and reply.status.code != 0:
+            # TorchServe's own refusal (e.g. unknown model); it ends the call right after.
+            self.close()
+            raise PredictionError(reply.status.message, reply.status.code, "GrpcError")
+        return result_of(reply.prediction)
+
+    def close(self) -> None:
+        """Stop sending and cancel the call (also safe after it ended)."""
+        self._closed.set()
+        self._call.cancel()
+
+    def __enter__(self) -> "SequenceStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="digits", help="lane: digits, digits-bulk, ...")
     parser.add_argument("--version", help="a model version (default: the lane's default version)")
     parser.add_argument("--repeat", type=int, default=1, help="send the file this many times on one stream")
+    parser.add_argument("--stream2", action="store_true", help="stream with StreamPredictions2 (needs a stateful lane: digits-seq)")
     parser.add_argument("--config", type=Path, default=CONFIG, help="config.properties to read the gRPC port from")
     parser.add_argument("--key-file", type=Path, default=KEY_FILE, help="TorchServe's key_file.json")
     args = parser.parse_args(argv)
@@ -167,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     body = args.file.read_bytes()
     try:
         with GrpcClient(endpoints) as client:
-            if args.repeat == 1:
+            if args.stream2:
+                results = list(client.stream2(args.model, [body] * args.repeat, version=args.version))
+            elif args.repeat == 1:
                 results = [client.predict(args.model, body, args.version)]
             else:
                 results = list(client.stream(args.model, [body] * args.repeat, version=args.version))

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from scripts.grpc_client import GrpcClient, PredictionError
+from scripts.management_api import ManagementApi
+from scripts.sequence_lane import SEQUENCE_CONFIG, add_sequence_lane
 from models.digits.samples import grid_png, held_out
 
 
@@ -66,10 +70,68 @@ def test_a_bad_token_and_an_unknown_model_are_errors(digits_server, grpc_client)
         grpc_client.predict("digits", b"{}", version="9.9")
 
 
-def test_stream_predictions2_is_refused_for_a_stateless_model(grpc_client):
-    """TorchServe 0.12 serves StreamPredictions2 only for sequence-batching models (see GrpcClient.stream2);
-    if a TorchServe upgrade lifts that, this test fails and stream2 can become the default stream."""
+@pytest.fixture(scope="module")
+def sequence_lane(digits_server):
+    """digits-seq: the digits archive with sequence batching, registered on the session server for this module."""
+    lane = add_sequence_lane(digits_server.endpoints, digits_server.model_store)
+    yield lane
+    api = ManagementApi(digits_server.endpoints)
+    for state in api.versions(lane):
+        api.unregister(lane, state.version)
+
+
+def test_stream2_answers_every_item_in_order_like_the_stateless_lane(grpc_client, sequence_lane):
+    grids, _ = held_out(60)
+    bodies = [grid_png(grid) for grid in grids]
+    expected = list(grpc_client.stream("digits", bodies))
+    results = list(grpc_client.stream2(sequence_lane, bodies, window=8))
+    assert [result["label"] for result in results] == [result["label"] for result in expected]
+    assert [result["scores"] for result in results] == [pytest.approx(result["scores"], abs=1e-5) for result in expected]
+
+
+def test_concurrent_streams_each_get_their_own_answers_in_order(grpc_client, sequence_lane):
+    grids, _ = held_out(120)
+    bodies = [grid_png(grid) for grid in grids]
+    expected = [result["label"] for result in grpc_client.stream("digits", bodies)]
+    slices = [slice(k * 30, (k + 1) * 30) for k in range(4)]
+    with ThreadPoolExecutor(len(slices)) as pool:
+        answers = list(pool.map(lambda part: [r["label"] for r in grpc_client.stream2(sequence_lane, bodies[part])], slices))
+    assert answers == [expected[part] for part in slices]
+
+
+def test_a_refused_item_raises_and_the_stream_goes_on(grpc_client, sequence_lane):
+    grids, _ = held_out(3)
+    expected = [grpc_client.predict("digits", grid_png(grid))["label"] for grid in grids]
+    bodies = [grid_png(grids[0]), b"these bytes are no image", grid_png(grids[2]), json.dumps({"instances": [[1, 2, 3]]}).encode(), grid_png(grids[1])]
+    with grpc_client.stream2(sequence_lane, bodies, window=2) as stream:
+        assert next(stream)["label"] == expected[0]
+        with pytest.raises(PredictionError) as raised:
+            next(stream)
+        assert (raised.value.code, raised.value.type) == (400, "InvalidInput") and "not a readable image" in raised.value.message
+        assert next(stream)["label"] == expected[2]
+        with pytest.raises(PredictionError, match=r"instances\[0\]: .*64"):
+            next(stream)
+        assert next(stream)["label"] == expected[1]
+        assert list(stream) == []
+
+
+def test_a_long_lived_stream_survives_an_idle_gap(grpc_client, sequence_lane):
+    """TorchServe drops a sequence idle for sequenceMaxIdleMSec; the next message of the stream starts a new one."""
+    grids, _ = held_out(2)
+    expected = [grpc_client.predict("digits", grid_png(grid))["label"] for grid in grids]
+
+    def slow_bodies():
+        yield grid_png(grids[0])
+        time.sleep(SEQUENCE_CONFIG["sequenceMaxIdleMSec"] / 1000 + 1)
+        yield grid_png(grids[1])
+
+    assert [result["label"] for result in grpc_client.stream2(sequence_lane, slow_bodies(), window=1)] == expected
+
+
+def test_stream2_refuses_a_stateless_lane_and_an_unknown_model(grpc_client, sequence_lane):
     grids, _ = held_out(2)
     with pytest.raises(PredictionError) as raised:
         list(grpc_client.stream2("digits", [grid_png(grid) for grid in grids]))
-    assert raised.value.type == "StreamNotSupported" and "stateful" in raised.value.message
+    assert raised.value.type == "StreamNotSupported" and "digits-seq" in raised.value.message
+    with pytest.raises(PredictionError, match="Model not found: nope"):
+        list(grpc_client.stream2("nope", [grid_png(grids[0])]))
