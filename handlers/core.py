@@ -13,6 +13,7 @@ from handlers.decoding import Payload
 from handlers.errors import RequestError, out_of_resources
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
+from handlers.tasks.base import Task
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def select_device(gpu_id: int | str | None) -> torch.device:
 class InferenceCore:
     """One model on one device; serves TorchServe, the in-process batch runner and the tests alike."""
 
-    def __init__(self, task, model: Any, device: torch.device, settings: HandlerSettings) -> None:
+    def __init__(self, task: Task, model: Any, device: torch.device, settings: HandlerSettings) -> None:
         self.task = task
         self.model = model
         self.device = device

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,10 +66,20 @@ class Endpoints:
 
 
 def read_token(key_file: Path, kind: str) -> str:
-    if not key_file.exists():
-        raise SystemExit(f"{key_file} not found: start the server with `make serve` (it writes the token file there)")
-    keys = json.loads(key_file.read_text())
+    try:
+        stamp = key_file.stat()
+    except FileNotFoundError:
+        raise SystemExit(f"{key_file} not found: start the server with `make serve` (it writes the token file there)") from None
+    keys = _read_keys(key_file, stamp.st_mtime_ns, stamp.st_size)
     try:
         return keys[kind]["key"]
     except KeyError:
         raise SystemExit(f"{key_file} has no {kind!r} key; is it TorchServe's key_file.json?") from None
+
+
+@lru_cache(maxsize=8)
+def _read_keys(key_file: Path, mtime_ns: int, size: int) -> dict:
+    """Parsed once per version of the file: clients ask for the token on every request, and a new
+    server or a rotated key (a rewritten file) is still picked up."""
+    return json.loads(key_file.read_text())
+
