@@ -11,9 +11,15 @@ from scripts.endpoints import CONFIG, ROOT, read_properties
 from scripts.ts_server import Server
 
 
+def loaded_lanes(config=CONFIG) -> dict[str, str]:
+    """{lane: archive file} that config.properties loads at start-up (load_models=name=file.mar,...)."""
+    entries = (entry.partition("=") for entry in read_properties(config).get("load_models", "").split(",") if entry)
+    return {lane: archive for lane, _, archive in entries}
+
+
 def lanes(config=CONFIG) -> list[str]:
-    """Model names that config.properties loads at start-up (load_models=name=file.mar,...)."""
-    return [entry.partition("=")[0] for entry in read_properties(config).get("load_models", "").split(",") if entry]
+    """Model names that config.properties loads at start-up."""
+    return list(loaded_lanes(config))
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from scripts.endpoints import CONFIG, read_properties
-from scripts.serve import lanes
+from scripts.endpoints import CONFIG
+from scripts.serve import lanes, loaded_lanes
 from scripts.ts_server import Server, free_ports, render_config
 
 
@@ -38,13 +38,13 @@ def serving_in(workdir: Path, archives: dict[str, Path], overrides: dict[str, st
 def temporary_server(archive: Path, name: str = "digits.mar") -> Iterator[Server]:
     """Serve `archive` as model_store/`name` under the lanes config.properties gives that file (and no others)."""
     with tempfile.TemporaryDirectory(prefix="torchserve-") as folder:
-        with serving_in(Path(folder), {name: archive}, {"load_models": _load_models(name)}) as server:
+        with serving_in(Path(folder), {name: archive}, only_lanes_of(name)) as server:
             yield server
 
 
-def _load_models(name: str) -> str:
-    """config.properties' load_models, cut down to the lanes served from `name` (digits, digits-bulk)."""
-    entries = [entry for entry in read_properties(CONFIG).get("load_models", "").split(",") if entry.partition("=")[2] == name]
+def only_lanes_of(name: str) -> dict[str, str]:
+    """A load_models override: config.properties' lanes served from archive `name`, and no others."""
+    entries = [f"{lane}={archive}" for lane, archive in loaded_lanes(CONFIG).items() if archive == name]
     if not entries:
         raise SystemExit(f"{CONFIG} loads no lane from {name}: add it to load_models (e.g. load_models=digits={name},...)")
-    return ",".join(entries)
+    return {"load_models": ",".join(entries)}

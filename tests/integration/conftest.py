@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scripts.endpoints import ROOT, Endpoints
-from scripts.temp_server import serving_in
+from scripts.temp_server import only_lanes_of, serving_in
 from scripts.ts_server import Server
 
 
@@ -25,16 +25,11 @@ def start_server(workdir: Path, archives: list[str], overrides: dict[str, str] |
         yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 
-def two_lanes(model: str) -> dict[str, str]:
-    """Overrides loading only `model`'s stream and bulk lanes (config.properties loads every model)."""
-    return {"load_models": f"{model}={model}.mar,{model}-bulk={model}.mar"}
-
-
 @pytest.fixture(scope="session")
 def digits_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], two_lanes("digits"))
+    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], only_lanes_of("digits.mar"))
 
 
 @pytest.fixture(scope="session")
 def minilm_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve-minilm"), ["minilm.mar"], two_lanes("minilm"))
+    yield from start_server(tmp_path_factory.mktemp("torchserve-minilm"), ["minilm.mar"], only_lanes_of("minilm.mar"))

@@ -24,6 +24,7 @@ from scripts.grpc_client import GrpcClient, PredictionError
 from scripts.hot_swap import Swapper, SwapRefused
 from scripts.management_api import ManagementApi, ManagementError
 from models.digits.samples import grid_png, held_out
+from scripts.temp_server import only_lanes_of
 from tests.integration.conftest import start_server
 
 SAMPLES = 8
@@ -34,9 +35,8 @@ SAME_VERSION = 1e-3  # max |log-score difference| between two answers of one ver
 
 @pytest.fixture(scope="module")
 def swap_server(tmp_path_factory):
-    # Only digits' two lanes: config.properties may load other models too.
-    lanes = {"load_models": "digits=digits.mar,digits-bulk=digits.mar"}
-    yield from start_server(tmp_path_factory.mktemp("hot_swap"), ["digits.mar", "digits-2.0.mar"], lanes)
+    # Only digits' two lanes: config.properties loads other models too.
+    yield from start_server(tmp_path_factory.mktemp("hot_swap"), ["digits.mar", "digits-2.0.mar"], only_lanes_of("digits.mar"))
 
 
 @pytest.fixture(scope="module")

@@ -59,17 +59,17 @@ def test_a_real_out_of_memory_is_survived(digits_model_dir):
 
 
 def test_print_throughput_figures(cuda_core, digits_core):
-    """Not an assertion on speed: prints rows/s on CUDA and CPU side by side for the closing note."""
+    """Prints rows/s on CUDA and CPU side by side (no assertion on speed); checks every row is answered."""
     for rows in (1, 16, 512, 20_000):
         grids = np.resize(held_out()[0], (rows, 8, 8))
         payload = rows_payload(grids)
         figures = []
         for name, core in (("cuda", cuda_core), ("cpu", digits_core)):
-            core.answer([payload])  # warm-up
+            [warm_up] = core.answer([payload])
+            assert warm_up.status == 200 and len(warm_up.body["predictions"]) == rows
             started = time.perf_counter()
             repeats = max(1, 2000 // rows)
             for _ in range(repeats):
                 core.answer([payload])
             figures.append((name, rows * repeats / (time.perf_counter() - started)))
         print(f"rows={rows}: " + ", ".join(f"{name} {rate:,.0f} rows/s" for name, rate in figures))
-        assert all(rate > 0 for _, rate in figures)

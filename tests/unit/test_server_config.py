@@ -42,3 +42,12 @@ def test_missing_java_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     with pytest.raises(SystemExit, match="apt-get install openjdk-17-jre-headless"):
         check_java()
+
+
+def test_a_test_server_can_load_only_one_archives_lanes():
+    from scripts.temp_server import only_lanes_of
+
+    assert only_lanes_of("digits.mar") == {"load_models": "digits=digits.mar,digits-bulk=digits.mar"}
+    assert only_lanes_of("minilm.mar") == {"load_models": "minilm=minilm.mar,minilm-bulk=minilm.mar"}
+    with pytest.raises(SystemExit, match="loads no lane from other.mar"):
+        only_lanes_of("other.mar")
