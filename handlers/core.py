@@ -1,11 +1,13 @@
 """The inference core: rows in, results out, in micro-batches under torch.inference_mode(). No `ts` import."""
+
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -46,7 +48,7 @@ class InferenceCore:
         self.settings = settings
 
     @classmethod
-    def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> "InferenceCore":
+    def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> InferenceCore:
         task = build_task(settings)
         model = task.load_model(Path(model_dir) / settings.model_file, device)
         return cls(task, model, device, settings)

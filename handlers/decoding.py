@@ -1,8 +1,10 @@
 """Turn one TorchServe request (its parameter dict) into a Payload: raw single item or JSON instances."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import orjson
 
@@ -15,10 +17,6 @@ class Payload:
 
     items: list[Any]
     raw: bool
-
-    @property
-    def many(self) -> bool:
-        return not self.raw
 
 
 def read_request(request: Mapping[str, Any]) -> Payload:
@@ -43,13 +41,13 @@ def read_body(value: Any) -> Payload:
             raise RequestError(f"JSON body must be an object with an 'instances' list, got keys {sorted(value)[:5]}")
         return _instances(value)
     if value is None:
-        raise RequestError("empty request: send a raw item as the body or JSON {\"instances\": [...]}")
-    raise RequestError(f"JSON body must be an object {{\"instances\": [...]}}, got a JSON {type(value).__name__}")
+        raise RequestError('empty request: send a raw item as the body or JSON {"instances": [...]}')
+    raise RequestError(f'JSON body must be an object {{"instances": [...]}}, got a JSON {type(value).__name__}')
 
 
 def _raw(value: bytes | str) -> Payload:
     if len(value) == 0:
-        raise RequestError("empty request body: send a raw item or JSON {\"instances\": [...]}")
+        raise RequestError('empty request body: send a raw item or JSON {"instances": [...]}')
     return Payload(items=[value], raw=True)
 
 
@@ -80,5 +78,5 @@ def _form_fields(request: Mapping[str, Any]) -> RequestError:
         "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
         "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
         "send a real Content-Type: text/plain for one text, an image type for one image, "
-        "or application/json for {\"instances\": [...]}"
+        'or application/json for {"instances": [...]}'
     )

@@ -1,5 +1,6 @@
 """Map an image of a handwritten digit (any size, grey or colour, either polarity) to the 8x8, 0..16 grid
 of scikit-learn's digits, the scale the model was trained on."""
+
 from __future__ import annotations
 
 import io
@@ -53,7 +54,9 @@ def _fit_to_grid(ink: np.ndarray) -> np.ndarray:
     height, width = crop.shape
     scale = BITMAP / max(height, width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    resized = np.asarray(Image.fromarray((crop * 255).astype(np.uint8)).resize(size, Image.Resampling.BOX), dtype=np.float32) / 255
+    resized = (
+        np.asarray(Image.fromarray((crop * 255).astype(np.uint8)).resize(size, Image.Resampling.BOX), dtype=np.float32) / 255
+    )
     bitmap = np.zeros((BITMAP, BITMAP), dtype=np.float32)
     top, left = (BITMAP - size[1]) // 2, (BITMAP - size[0]) // 2
     bitmap[top : top + size[1], left : left + size[0]] = resized

@@ -1,4 +1,5 @@
 """Errors that belong to one request and travel back to its client as a JSON body with a 4xx/5xx status."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,9 +19,13 @@ class RequestError(Exception):
     def to_dict(self) -> dict:
         return {"code": self.code, "type": self.type, "message": self.message}
 
-    def at_row(self, index: int) -> "RequestError":
+    def at_row(self, index: int) -> RequestError:
         """The same error, located at `instances[index]` of a multi-row request."""
         return RequestError(f"instances[{index}]: {self.message}", self.code, self.type)
+
+
+class SettingsError(ValueError):
+    """model-config.yaml's handler: section is wrong: raised at start-up, before any request is served."""
 
 
 def out_of_resources(message: str) -> RequestError:

@@ -1,4 +1,5 @@
 """Loading exported models without pickle: torch.export programs (.pt2) and TorchScript (.pt/.ts)."""
+
 from __future__ import annotations
 
 from pathlib import Path

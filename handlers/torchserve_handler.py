@@ -2,6 +2,7 @@
 
 Packed at the archive root as the handler entry point; everything else lives in the `handlers` package.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,17 +32,20 @@ class UnifiedHandler:
 
     def __init__(self) -> None:
         self.core: InferenceCore | None = None
-        self.initialized = False
 
     def initialize(self, context) -> None:
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config)
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
-        self.initialized = True
         logger.info(
             "model %s: task %s on %s, max_batch_rows=%d, precision=%s, deterministic=%s",
-            context.model_name, settings.task, device, settings.max_batch_rows, settings.precision, settings.deterministic,
+            context.model_name,
+            settings.task,
+            device,
+            settings.max_batch_rows,
+            settings.precision,
+            settings.deterministic,
         )
 
     def handle(self, data: list[dict], context) -> list[bytes]:

@@ -1,14 +1,12 @@
 """Markers come from the folder: tests/unit -> unit, tests/integration -> integration."""
+
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from scripts.layout import ROOT
 
 
 def pytest_collection_modifyitems(items):

@@ -1,20 +1,27 @@
-"""The hooks a model kind implements; the core drives them and never looks inside a row."""
+"""The hooks a model kind implements, and how its typed options are read; the core never looks inside a row."""
+
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
-from handlers.settings import HandlerSettings
+from handlers.errors import SettingsError
+from handlers.settings import CORE_KEYS
 
 
 class Task(Protocol):
     """decode -> collate -> forward -> unbatch, LitServe-style. Rows are opaque to the core."""
 
-    name: str
+    name: ClassVar[str]
+    # The task's own handler: keys, as a frozen dataclass whose fields have defaults.
+    Options: ClassVar[type]
 
-    def __init__(self, settings: HandlerSettings) -> None: ...
+    def __init__(self, options: Any) -> None: ...
 
     def load_model(self, model_path: Path, device: torch.device) -> Any:
         """Load the exported model file (no pickle) onto `device`, ready for forward()."""
@@ -36,3 +43,31 @@ class Task(Protocol):
 
     def row_cost(self, row: Any) -> int:
         """Relative size of a row; rows are grouped by it (e.g. token count) before micro-batching."""
+
+
+OptionsT = TypeVar("OptionsT")
+
+
+def read_options(options_type: type[OptionsT], values: Mapping[str, Any], task: str) -> OptionsT:
+    """`values` (the handler: keys beyond the core ones) as the task's options dataclass.
+
+    An unknown key (a typo such as max_batch_row) or a value of the wrong type stops the start-up with a
+    message that lists what is allowed.
+    """
+    fields = {field.name: field for field in dataclasses.fields(options_type)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        allowed = ", ".join([*CORE_KEYS, *fields])
+        raise SettingsError(
+            f"model-config.yaml handler: unknown key(s) {', '.join(unknown)} for task {task}; allowed keys: {allowed}"
+        )
+    hints = typing.get_type_hints(options_type)
+    for key, value in values.items():
+        expected = hints[key]
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+            raise SettingsError(f"handler.{key} must be {expected.__name__}, got {value!r}")
+    options = options_type(**values)
+    check = getattr(options, "check", None)
+    if check is not None:
+        check()
+    return options

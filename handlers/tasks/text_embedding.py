@@ -3,18 +3,19 @@
 Tokenizes with the `tokenizers` library from the tokenizer.json shipped in the archive; the exported
 model does mean pooling and L2 normalisation itself. Batches are padded to their longest row only.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer
 
-from handlers.errors import RequestError
+from handlers.errors import RequestError, SettingsError
 from handlers.model_files import load_program
-from handlers.settings import HandlerSettings
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.json"
 # The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
@@ -30,15 +31,27 @@ class TokenizedText:
     truncated: bool
 
 
+@dataclass(frozen=True)
+class TextEmbeddingOptions:
+    # Shipped beside the model file in the archive.
+    tokenizer_file: str = DEFAULT_TOKENIZER_FILE
+    # Longer texts are cut to this many tokens ([CLS] and [SEP] included) and answered with "truncated": true.
+    max_seq_length: int = EXPORTED_MAX_SEQ_LENGTH
+
+    def check(self) -> None:
+        if not 2 <= self.max_seq_length <= EXPORTED_MAX_SEQ_LENGTH:
+            raise SettingsError(
+                f"handler.max_seq_length must be an integer in 2..{EXPORTED_MAX_SEQ_LENGTH}, got {self.max_seq_length!r}"
+            )
+
+
 class TextEmbedding:
     name = "text_embedding"
+    Options = TextEmbeddingOptions
 
-    def __init__(self, settings: HandlerSettings) -> None:
-        options = settings.task_options
-        self.tokenizer_file = str(options.get("tokenizer_file", DEFAULT_TOKENIZER_FILE))
-        self.max_seq_length = options.get("max_seq_length", EXPORTED_MAX_SEQ_LENGTH)
-        if isinstance(self.max_seq_length, bool) or not isinstance(self.max_seq_length, int) or not 2 <= self.max_seq_length <= EXPORTED_MAX_SEQ_LENGTH:
-            raise ValueError(f"handler.max_seq_length must be an integer in 2..{EXPORTED_MAX_SEQ_LENGTH}, got {self.max_seq_length!r}")
+    def __init__(self, options: TextEmbeddingOptions) -> None:
+        self.tokenizer_file = options.tokenizer_file
+        self.max_seq_length = options.max_seq_length
         self.tokenizer: Tokenizer | None = None
         self.pad_id = 0
 
@@ -66,7 +79,7 @@ class TextEmbedding:
             try:
                 body = bytes(body).decode("utf-8")
             except UnicodeDecodeError as error:
-                raise RequestError(f"body must be UTF-8 text (or JSON {{\"instances\": [str, ...]}}): {error}") from None
+                raise RequestError(f'body must be UTF-8 text (or JSON {{"instances": [str, ...]}}): {error}') from None
         return self._tokenize(body)
 
     def decode_instance(self, item: Any) -> TokenizedText:

@@ -1,4 +1,5 @@
 """What the digits archive holds besides the handler: the exported CNN, trained for the given version."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
 """scikit-learn's bundled handwritten digits with the one fixed train/held-out split every script uses."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """The digits CNN. It takes raw 0..16 grids and returns class probabilities, so every caller gets the same scores."""
+
 from __future__ import annotations
 
 import torch

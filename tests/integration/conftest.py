@@ -1,4 +1,5 @@
 """A real TorchServe per test session, on free ports, from a temporary folder; stopped even on failure."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.endpoints import ROOT, Endpoints
-from scripts.temp_server import only_lanes_of, serving_in
-from scripts.ts_server import Server
+from scripts.layout import MODEL_STORE
+from scripts.server.endpoints import Endpoints
+from scripts.server.process import Server
+from scripts.server.temporary import only_lanes_of, serving_in
 
 
 @dataclass
@@ -21,7 +23,7 @@ class RunningServer:
 
 def start_server(workdir: Path, archives: list[str], overrides: dict[str, str] | None = None, models: list[str] | None = None):
     """Start TorchServe in `workdir` with copies of `archives` from model_store; yields a RunningServer."""
-    with serving_in(workdir, {name: ROOT / "model_store" / name for name in archives}, overrides, models) as server:
+    with serving_in(workdir, {name: MODEL_STORE / name for name in archives}, overrides, models) as server:
         yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 

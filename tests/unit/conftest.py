@@ -1,4 +1,5 @@
 """Real tiny pieces for unit tests: the exported digits model from the built archive's inputs, settings, cores."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,18 +10,17 @@ import torch
 from handlers.core import InferenceCore
 from handlers.settings import HandlerSettings
 from models.digits.archive import artifacts
-
-ROOT = Path(__file__).resolve().parents[2]
+from scripts.layout import BUILD
 
 
 @pytest.fixture(scope="session")
 def digits_model_dir() -> Path:
     """The folder holding digits.pt2 (trained on first use, as `make archive` does)."""
-    return artifacts("1.0", ROOT / "build")[0].parent
+    return artifacts("1.0", BUILD)[0].parent
 
 
 def digits_settings(**changes) -> HandlerSettings:
-    handler = {"task": "image_classification", "model_file": "digits.pt2", "max_batch_rows": 512, **changes}
+    handler = {"task": "digit_classification", "model_file": "digits.pt2", "max_batch_rows": 512, **changes}
     return HandlerSettings.from_yaml({"handler": handler})
 
 

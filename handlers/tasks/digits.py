@@ -1,0 +1,98 @@
+"""The digits task: handwritten digits as 8x8 grids in 0..16 (scikit-learn's scale) -> {"label", "scores"}.
+
+Rows come from 64 numbers, an 8x8 list, or an image of any size (handlers/digit_images.py maps it to the grid).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from handlers.digit_images import GRID, image_to_grid
+from handlers.errors import RequestError
+from handlers.model_files import load_program
+
+PIXELS = GRID * GRID
+MAX_VALUE = 16.0
+
+
+@dataclass(frozen=True)
+class DigitOptions:
+    """The digits task has no options of its own: any key beyond the core ones is refused."""
+
+
+class DigitClassification:
+    name = "digit_classification"
+    Options = DigitOptions
+
+    def __init__(self, options: DigitOptions) -> None:
+        self.options = options
+
+    def load_model(self, model_path: Path, device: torch.device):
+        return load_program(model_path, device)
+
+    def decode_raw(self, body: bytes | str) -> np.ndarray:
+        if isinstance(body, str):
+            raise RequestError('expected image bytes (or JSON {"instances": [...]}), got text')
+        return image_to_grid(body)
+
+    def decode_instance(self, item: Any) -> np.ndarray:
+        if isinstance(item, dict):
+            return self._decode_b64(item)
+        if not isinstance(item, list):
+            raise RequestError(f'expected 64 numbers, an 8x8 list or {{"b64": ...}}, got {type(item).__name__}')
+        values = _flatten_grid(item)
+        if len(values) != PIXELS:
+            raise RequestError(f"expected 64 values in 0..16 (or an 8x8 list), got {len(values)}")
+        for value in values:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or not 0 <= value <= MAX_VALUE
+            ):
+                raise RequestError(f"expected 64 values in 0..16, got {value!r}")
+        return np.asarray(values, dtype=np.float32).reshape(GRID, GRID)
+
+    def _decode_b64(self, item: dict) -> np.ndarray:
+        if set(item) != {"b64"} or not isinstance(item["b64"], str):
+            raise RequestError(f'expected {{"b64": "<base64 image>"}}, got keys {sorted(item)}')
+        try:
+            data = base64.b64decode(item["b64"], validate=True)
+        except binascii.Error as error:
+            raise RequestError(f"b64 is not valid base64: {error}") from None
+        return image_to_grid(data)
+
+    def collate(self, rows: Sequence[np.ndarray], pad_to: int | None) -> torch.Tensor:
+        batch = torch.from_numpy(np.stack(rows)).unsqueeze(1)  # (N, 1, 8, 8)
+        if pad_to is not None and pad_to > len(rows):
+            padding = torch.zeros((pad_to - len(rows), 1, GRID, GRID), dtype=batch.dtype)
+            batch = torch.cat([batch, padding])
+        return batch
+
+    def forward(self, model, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch)
+
+    def unbatch(self, outputs: torch.Tensor, rows: Sequence[np.ndarray]) -> list[dict]:
+        scores = outputs.tolist()
+        labels = outputs.argmax(dim=1).tolist()
+        return [{"label": label, "scores": row} for label, row in zip(labels, scores, strict=True)]
+
+    def row_cost(self, row: np.ndarray) -> int:
+        return 1
+
+
+def _flatten_grid(item: list) -> list:
+    if len(item) == GRID and all(isinstance(row, list) for row in item):
+        if any(len(row) != GRID for row in item):
+            raise RequestError(f"expected an 8x8 list, got rows of lengths {[len(row) for row in item]}")
+        return [value for row in item for value in row]
+    return item

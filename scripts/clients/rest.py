@@ -1,0 +1,75 @@
+"""REST client: send an image, a text or a JSON instances file to a lane and print the answer.
+
+    python -m scripts.clients.rest --model digits tests/fixtures/digit_7.png
+    python -m scripts.clients.rest --model digits-bulk tests/fixtures/digits_instances.json
+    python -m scripts.clients.rest --model minilm --text "a sentence"
+
+Exits non-zero (and prints the server's error) when the answer is not 200.
+"""
+
+from __future__ import annotations
+
+import json
+import mimetypes
+import sys
+from pathlib import Path
+
+import requests
+
+from scripts import cli
+from scripts.layout import JSON
+from scripts.server.endpoints import Endpoints
+
+
+def content_type(path: Path) -> str:
+    if path.suffix == ".json":
+        return JSON
+    return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def predict(
+    endpoints: Endpoints,
+    model: str,
+    body: bytes,
+    kind: str,
+    version: str | None = None,
+    timeout: float = 300,
+    session: requests.Session | None = None,
+) -> requests.Response:
+    """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
+    (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
+    keep the connection open across many calls (batch jobs)."""
+    headers = {**endpoints.auth("inference"), "Content-Type": kind}
+    return (session or requests).post(endpoints.prediction_url(model, version), data=body, headers=headers, timeout=timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("file", nargs="?", type=Path, help='an image, a .txt or a .json {"instances": [...]} file')
+    parser.add_argument("--text", help="send this text as the raw body instead of a file")
+    parser.add_argument("--model", default="digits", help="lane: digits, digits-bulk, minilm, minilm-bulk")
+    parser.add_argument("--version", help="a model version (default: the lane's default version)")
+    cli.add_server_options(parser)
+    args = parser.parse_args(argv)
+    if (args.file is None) == (args.text is None):
+        parser.error("give exactly one of FILE or --text")
+    endpoints = Endpoints.from_config(args.config, args.key_file)
+    if args.text is not None:
+        body, kind = args.text.encode("utf-8"), "text/plain; charset=utf-8"
+    elif not args.file.exists():
+        parser.error(f"{args.file} does not exist")
+    else:
+        body, kind = args.file.read_bytes(), content_type(args.file)
+    reply = predict(endpoints, args.model, body, kind, args.version)
+    try:
+        print(json.dumps(reply.json(), indent=2))
+    except ValueError:
+        print(reply.text)
+    if reply.status_code != 200:
+        print(f"error: HTTP {reply.status_code} from {endpoints.prediction_url(args.model, args.version)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main())

@@ -1,0 +1,219 @@
+"""Run a dataset through the model: every row's result exactly once, in input order.
+
+    python -m scripts.jobs.batch_job --model digits --input rows.jsonl --output results.jsonl
+    python -m scripts.jobs.batch_job --model digits --input rows.parquet --output results.parquet --in-process
+    python -m scripts.jobs.batch_job ... --resume        # continue a killed job where its output ends
+
+Chunks of --chunk-size rows go as {"instances": [...]} to the `<model>-bulk` lane, --concurrency at a
+time, or with --in-process through the same handler core loaded from model_store/<model>.mar. Writes
+{"id": ..., "prediction": ...} per row; rows rejected on their own go to the errors file with the reason.
+Exit status: 0 all rows predicted, 1 some rows in the errors file, 2 the job stopped (resumable).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from scripts import cli
+from scripts.errors import ScriptError
+from scripts.jobs.chunks import RetryPolicy, run_chunk
+from scripts.jobs.inputs import FORMATS, Row, open_input
+from scripts.jobs.outputs import OutputPaths, Progress, ResultSink, default_errors_path
+from scripts.jobs.runners import InProcessRunner, JobError, ServerRunner, load_core
+from scripts.layout import CONFIG, KEY_FILE, MODEL_STORE
+from scripts.server.config import ServerConfig
+from scripts.server.endpoints import Endpoints
+
+EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    model: str
+    input: Path
+    output: Path
+    errors: Path | None = None
+    input_format: str | None = None
+    in_process: bool = False
+    archive: Path | None = None  # in-process: default model_store/<model>.mar
+    lane: str | None = None  # server: default <model>-bulk
+    resume: bool = False
+    overwrite: bool = False
+    chunk_size: int = 1000
+    concurrency: int = 4
+    config: Path = CONFIG
+    key_file: Path = KEY_FILE
+    progress_bar: bool = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def check(self) -> None:
+        if self.chunk_size < 1:
+            raise JobError(f"--chunk-size must be at least 1, got {self.chunk_size}")
+        if self.concurrency < 1:
+            raise JobError(f"--concurrency must be at least 1, got {self.concurrency}")
+        if self.resume and self.overwrite:
+            raise JobError("--resume and --overwrite contradict each other: pick one")
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    runner: str
+    total: int
+    resumed_at: int
+    predicted: int
+    failed: int
+    seconds: float
+    output: Path
+    errors: Path
+
+    @property
+    def rows_per_second(self) -> float:
+        return (self.total - self.resumed_at) / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.failed == 0 else EXIT_ROW_ERRORS
+
+    def text(self) -> str:
+        lines = [
+            f"{self.total} rows via {self.runner}: {self.predicted} predicted -> {self.output}",
+            f"  {self.total - self.resumed_at} rows this run in {self.seconds:.1f}s ({self.rows_per_second:,.0f} rows/s)"
+            + (f", resumed after row {self.resumed_at}" if self.resumed_at else ""),
+        ]
+        if self.failed:
+            lines.append(f"  {self.failed} rows rejected -> {self.errors} (each line has the row, its id and the reason)")
+        return "\n".join(lines)
+
+
+def run_job(config: JobConfig) -> JobSummary:
+    """Run (or resume) a job to its end; raises JobError/InputError/OutputError when it cannot go on."""
+    config.check()
+    source = open_input(config.input, config.input_format)
+    total = source.count()
+    paths = OutputPaths(config.output, config.errors or default_errors_path(config.output))
+    runner = _runner(config)
+    if config.resume:
+        sink = ResultSink.resume(paths, str(config.input.resolve()), config.model, total)
+    else:
+        sink = ResultSink.start(paths, Progress(str(config.input.resolve()), config.model, total), config.overwrite)
+    resumed_at = sink.progress.rows_done
+    started = time.perf_counter()
+    try:
+        with tqdm(
+            total=total,
+            initial=resumed_at,
+            unit="rows",
+            unit_scale=True,
+            desc=config.model,
+            disable=not config.progress_bar,
+            smoothing=0.1,
+        ) as bar:
+            _pump(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config)
+    finally:
+        sink.close()
+    sink.finish()
+    seconds = time.perf_counter() - started
+    done = sink.progress
+    return JobSummary(runner.name, total, resumed_at, done.predicted, done.failed, seconds, paths.output, paths.errors)
+
+
+def _runner(config: JobConfig):
+    if config.in_process:
+        archive = config.archive or MODEL_STORE / f"{config.model}.mar"
+        return InProcessRunner(load_core(archive), archive)
+    endpoints = Endpoints.from_config(config.config, config.key_file)
+    endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
+    return ServerRunner(endpoints, config.lane or f"{config.model}-bulk", ServerConfig.read(config.config).max_request_size)
+
+
+def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, config: JobConfig) -> None:
+    """Keep up to `concurrency` chunks in flight; commit them strictly in input order as they finish."""
+    workers = 1 if config.in_process else config.concurrency
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="chunk")
+    in_flight: deque[Future] = deque()
+    try:
+        for chunk in chunks:
+            in_flight.append(pool.submit(run_chunk, runner.send, chunk, config.retry))
+            # One chunk more than the workers, so a worker never waits for the reader.
+            while len(in_flight) > workers:
+                _commit(in_flight.popleft(), sink, bar)
+        while in_flight:
+            _commit(in_flight.popleft(), sink, bar)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _commit(future: Future, sink: ResultSink, bar: tqdm) -> None:
+    results = future.result()
+    sink.commit(results)
+    bar.update(len(results))
+
+
+def _chunks(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
+    chunk: list[Row] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def parse_args(argv: list[str] | None) -> JobConfig:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--model", required=True, help="model name: digits, minilm, ...")
+    parser.add_argument("--input", required=True, type=Path, help=".jsonl, .csv, .parquet or a folder of images")
+    parser.add_argument("--output", required=True, type=Path, help=".jsonl or .parquet")
+    parser.add_argument("--errors", type=Path, help="rejected rows (default: <output stem>.errors.jsonl beside the output)")
+    parser.add_argument("--input-format", choices=FORMATS, help="when the file name does not tell")
+    parser.add_argument("--in-process", action="store_true", help="no server: run the handler core here")
+    parser.add_argument("--archive", type=Path, help="with --in-process: the .mar to load (default model_store/<model>.mar)")
+    parser.add_argument("--lane", help="server lane (default <model>-bulk)")
+    parser.add_argument("--resume", action="store_true", help="continue the job that wrote --output")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--chunk-size", type=int, default=JobConfig.chunk_size, help="rows per request (default %(default)s)")
+    parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency, help="requests in flight (default %(default)s)")
+    cli.add_server_options(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    return JobConfig(
+        model=args.model,
+        input=args.input,
+        output=args.output,
+        errors=args.errors,
+        input_format=args.input_format,
+        in_process=args.in_process,
+        archive=args.archive,
+        lane=args.lane,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        chunk_size=args.chunk_size,
+        concurrency=args.concurrency,
+        config=args.config,
+        key_file=args.key_file,
+        progress_bar=not args.no_progress,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    try:
+        summary = run_job(config)
+    except ScriptError as error:  # JobError, InputError, OutputError, a missing key file, ...
+        print(f"batch job stopped: {error}", file=sys.stderr)
+        return EXIT_STOPPED
+    print(summary.text(), file=sys.stderr)
+    return summary.exit_code
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main())

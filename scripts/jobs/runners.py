@@ -1,0 +1,124 @@
+"""Where a batch job's chunks go: the `<model>-bulk` lane of a server, or the same core in this process.
+
+Both runners take a list of instances and give back a Reply (status + JSON body) shaped exactly like
+the server's answer to `{"instances": [...]}`, so retries and bad-row isolation are written once
+(scripts/jobs/chunks.py) and the in-process path runs the very code the handler runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import requests
+import torch
+
+from handlers.core import InferenceCore, select_device
+from handlers.decoding import Payload
+from scripts.archive.reader import MarFile
+from scripts.clients.rest import predict
+from scripts.errors import ScriptError
+from scripts.layout import JSON
+from scripts.server.endpoints import Endpoints
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: Any
+
+
+class TransientError(Exception):
+    """The chunk did not get an answer (connection refused or reset, timeout): worth another try."""
+
+
+class JobError(ScriptError):
+    """Stops the whole job; the message says what to change. Committed rows stay resumable."""
+
+
+class RowTooLarge(Exception):
+    """One row alone is over the server's request size limit: that row fails, the job goes on."""
+
+
+def encode_chunk(instances: list[Any], limit: int) -> bytes:
+    """The request body for a chunk, refused before sending when the server would reject its size."""
+    body = orjson.dumps({"instances": instances}, option=orjson.OPT_SERIALIZE_NUMPY)
+    if len(body) <= limit:
+        return body
+    if len(instances) == 1:
+        raise RowTooLarge(
+            f"the row encodes to {len(body)} bytes, over the server's max_request_size of {limit} bytes (config.properties)"
+        )
+    # Rows vary in size: leave a tenth of head room under the proportional estimate.
+    fits = max(1, int(len(instances) * limit / len(body) * 0.9))
+    raise JobError(
+        f"a chunk of {len(instances)} rows encodes to {len(body)} bytes, over the server's max_request_size of "
+        f"{limit} bytes (config.properties); use --chunk-size {fits} or smaller (--resume keeps the rows already done)"
+    )
+
+
+class ServerRunner:
+    """POSTs chunks as {"instances": [...]} to a lane; one keep-alive session per worker thread."""
+
+    def __init__(self, endpoints: Endpoints, lane: str, size_limit: int, timeout: float = 600.0) -> None:
+        self.endpoints = endpoints
+        self.lane = lane
+        self.size_limit = size_limit
+        self.timeout = timeout
+        self._local = threading.local()
+
+    @property
+    def name(self) -> str:
+        return f"{self.lane} at {self.endpoints.inference}"
+
+    def send(self, instances: list[Any]) -> Reply:
+        try:
+            body = encode_chunk(instances, self.size_limit)
+        except RowTooLarge as error:
+            return Reply(413, {"code": 413, "type": "RequestTooLarge", "message": str(error)})
+        try:
+            reply = predict(self.endpoints, self.lane, body, JSON, timeout=self.timeout, session=self._session())
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise TransientError(f"no answer from {self.endpoints.prediction_url(self.lane)}: {error}") from None
+        try:
+            parsed = orjson.loads(reply.content)
+        except orjson.JSONDecodeError:
+            parsed = {"message": reply.text[:500]}
+        return Reply(reply.status_code, parsed)
+
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+
+class InProcessRunner:
+    """The handler's InferenceCore in this process: the same decode, micro-batching and unbatch."""
+
+    def __init__(self, core: InferenceCore, archive: Path) -> None:
+        self.core = core
+        self.archive = archive
+
+    @property
+    def name(self) -> str:
+        return f"in-process {self.archive.name} on {self.core.device}"
+
+    def send(self, instances: list[Any]) -> Reply:
+        response = self.core.answer([Payload(items=instances, raw=False)])[0]
+        return Reply(response.status, response.body)
+
+
+def load_core(archive: Path) -> InferenceCore:
+    """The core as TorchServe would build it from this .mar: its model-config.yaml and model file.
+
+    The handler code is this checkout's `handlers` package, the same source the archive was built from.
+    """
+    mar = MarFile(archive)
+    settings = mar.settings()
+    device = select_device(0 if torch.cuda.is_available() else None)
+    with mar.unpacked() as folder:
+        # The model file is read fully into memory here, so the unpacked folder can go afterwards.
+        return InferenceCore.load(folder, settings, device)

@@ -1,0 +1,122 @@
+"""The TorchServe process: start it, wait until its lanes are ready, stop it (`make serve`, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from scripts.errors import ConfigError, ServerError
+from scripts.layout import ROOT
+from scripts.server.endpoints import Endpoints
+
+BIN = Path(sys.executable).parent
+JAVA_HELP = "java 17 is required: `apt-get install openjdk-17-jre-headless` (Debian/Ubuntu) or set JAVA_HOME"
+
+
+def check_java() -> None:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise ConfigError(JAVA_HELP)
+
+
+def free_ports(names=("inference", "management", "metrics", "grpc_inference", "grpc_management", "workers")) -> dict[str, int]:
+    return {name: free_port() for name in names}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A TorchServe started from `workdir` (where it writes key_file.json and logs/)."""
+
+    config: Path
+    workdir: Path
+    model_store: Path
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints.from_config(self.config, self.workdir / "key_file.json")
+
+    def start(self, foreground: bool = False) -> subprocess.Popen | None:
+        """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode."""
+        check_java()
+        command = [
+            str(BIN / "torchserve"),
+            "--start",
+            "--ncs",
+            "--ts-config",
+            str(self.config),
+            "--model-store",
+            str(self.model_store),
+        ]
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TMPDIR": str(self._tmpdir())}
+        if foreground:
+            log = open(self.workdir / "torchserve.out", "wb")
+            return subprocess.Popen(
+                command + ["--foreground"],
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        # Daemon mode: the JVM outlives us, so it must not hold our stdout (a pipe would never close).
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        with open(self.workdir / "logs" / "torchserve.out", "ab") as log:
+            subprocess.run(
+                command, cwd=self.workdir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        return None
+
+    def _tmpdir(self) -> Path:
+        # TorchServe keeps its pid file in $TMPDIR: one per server, so a test server and `make serve` coexist.
+        path = self.workdir / "tmp" if self.workdir != ROOT else Path(os.environ.get("TMPDIR", "/tmp"))
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def wait_ready(self, models: list[str], timeout: float = 180.0, process: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(models)
+        while pending:
+            if process is not None and process.poll() is not None:
+                raise ServerError(f"TorchServe exited with {process.returncode}; see {self.workdir / 'torchserve.out'}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"models {pending} not ready after {timeout:.0f}s; see {self.workdir / 'logs'}")
+            pending = [model for model in pending if not self._ready(model)]
+            if pending:
+                time.sleep(0.5)
+
+    def _ready(self, model: str) -> bool:
+        endpoints = self.endpoints
+        try:
+            reply = requests.get(f"{endpoints.management}/models/{model}", headers=endpoints.auth("management"), timeout=5)
+        except (requests.ConnectionError, ConfigError):
+            return False  # not listening yet, or key_file.json not (fully) written yet
+        if reply.status_code != 200:
+            return False
+        return any(worker.get("status") == "READY" for version in reply.json() for worker in version.get("workers", []))
+
+    def stop(self, process: subprocess.Popen | None = None) -> None:
+        if process is None:
+            env = {**os.environ, "TMPDIR": str(self._tmpdir())}
+            subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()

@@ -1,0 +1,40 @@
+"""`make serve` / `make stop`: run TorchServe from the repository root with config.properties.
+
+python -m scripts.server.serve start | stop
+"""
+
+from __future__ import annotations
+
+import time
+
+from scripts import cli
+from scripts.layout import CONFIG, MODEL_STORE, ROOT
+from scripts.server.config import ServerConfig
+from scripts.server.process import Server
+
+
+def main() -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("action", choices=["start", "stop"])
+    args = parser.parse_args()
+    server = Server(config=CONFIG, workdir=ROOT, model_store=MODEL_STORE)
+    if args.action == "stop":
+        server.stop()
+        return 0
+    started = time.monotonic()
+    server.start()
+    models = ServerConfig.read(CONFIG).lanes()
+    server.wait_ready(models)
+    e = server.endpoints
+    print(f"TorchServe is up in {time.monotonic() - started:.0f}s with lanes: {', '.join(models)}")
+    print(f"  inference   {e.inference}/predictions/<lane>")
+    print(f"  management  {e.management}/models")
+    print(f"  metrics     {e.metrics}/metrics")
+    print(f"  gRPC        {e.grpc_host}:{e.grpc_inference_port} (inference), :{e.grpc_management_port} (management)")
+    print(f"  tokens      {e.key_file} (inference.key for predictions, management.key for the management API)")
+    print(f"  logs        {ROOT / 'logs'}; stop with `make stop`")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

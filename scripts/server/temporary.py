@@ -1,0 +1,49 @@
+"""Throwaway TorchServes on free ports from a folder of their own, stopped on the way out (also on errors
+or Ctrl-C): the integration tests, `make verify` and `make bench` all start theirs here."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from scripts.errors import ArchiveError
+from scripts.server.config import ServerConfig
+from scripts.server.process import Server, free_ports
+
+
+@contextlib.contextmanager
+def serving_in(
+    workdir: Path, archives: dict[str, Path], overrides: dict[str, str] | None = None, models: list[str] | None = None
+) -> Iterator[Server]:
+    """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
+    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped."""
+    store = workdir / "model_store"
+    store.mkdir(parents=True, exist_ok=True)
+    for name, source in archives.items():
+        if not source.exists():
+            raise ArchiveError(f"{source} is missing: run `make archive` first (make test does)")
+        shutil.copy2(source, store / name)
+    config = ServerConfig.read().render(workdir / "config.properties", store, free_ports(), overrides)
+    server = Server(config=config, workdir=workdir, model_store=store)
+    process = server.start(foreground=True)
+    try:
+        server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
+        yield server
+    finally:
+        server.stop(process)
+
+
+@contextlib.contextmanager
+def temporary_server(archive: Path, name: str = "digits.mar", overrides: dict[str, str] | None = None) -> Iterator[Server]:
+    """Serve `archive` as model_store/`name` under the lanes config.properties gives that file (and no others)."""
+    with tempfile.TemporaryDirectory(prefix="torchserve-") as folder:
+        with serving_in(Path(folder), {name: archive}, {**only_lanes_of(name), **(overrides or {})}) as server:
+            yield server
+
+
+def only_lanes_of(name: str) -> dict[str, str]:
+    """A load_models override: config.properties' lanes served from archive `name`, and no others."""
+    return ServerConfig.read().lanes_of_archive(name)

@@ -1,0 +1,245 @@
+"""Zero-downtime hot-swap of a model version on both lanes, and rollback (`make swap`, `make rollback`).
+
+    python -m scripts.swap.hot_swap swap --model digits --mar model_store/digits-2.0.mar
+    python -m scripts.swap.hot_swap rollback --model digits
+
+Swap, per lane (`digits`, `digits-bulk`, batching from config.properties):
+  1. register the archive's version with the lane's batching and workers, synchronously (workers loaded);
+  2. warm-up gate: held-out data to /predictions/<lane>/<new version>; an archive that fails to load or
+     answers badly is unregistered again and the old default stays;
+  3. set-default: from here on every unversioned request goes to the new version;
+  4. drain: wait until the old version's queue is empty and its workers finished the batch in hand;
+  5. unregister the old version.
+The swap is recorded in <model store>/swap-history.json; rollback swaps back to the archive the last
+swap replaced (re-registered from the model store, through the same gate) and drops that record.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts import cli
+from scripts.archive.reader import MarFile
+from scripts.clients.rest import predict
+from scripts.errors import ArchiveError, ScriptError
+from scripts.layout import JSON
+from scripts.server.config import LaneSettings, ServerConfig
+from scripts.server.endpoints import Endpoints
+from scripts.swap.gates import GateResult, gate_for
+from scripts.swap.management import ManagementApi, ManagementError, VersionState
+
+HISTORY = "swap-history.json"
+POLL_SECONDS = 0.05
+
+
+class SwapRefused(ScriptError):
+    """The swap did not happen (bad archive, gate failed, ...); the old default still serves."""
+
+
+@dataclass(frozen=True)
+class Archive:
+    path: Path
+    model: str
+    version: str
+
+
+@dataclass
+class SwapReport:
+    model: str
+    new_version: str
+    old_versions: dict[str, str]  # lane -> version it replaced
+    gates: list[GateResult] = field(default_factory=list)
+    started: float = 0.0  # time.monotonic() before the first register
+    default_requested: dict[str, float] = field(default_factory=dict)
+    default_set: dict[str, float] = field(default_factory=dict)  # when set-default returned, per lane
+    finished: float = 0.0  # when the last old version was unregistered
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+@dataclass
+class Swapper:
+    """Everything a swap needs to know about one server."""
+
+    endpoints: Endpoints
+    config: Path
+    model_store: Path
+    log: Callable[[str], None] = print
+
+    @property
+    def api(self) -> ManagementApi:
+        return ManagementApi(self.endpoints)
+
+    # -- swap -----------------------------------------------------------------------------------
+
+    def swap(self, model: str, mar: Path, record: bool = True) -> SwapReport:
+        archive = self.read_archive(mar, model)
+        lanes = ServerConfig.read(self.config).lane_settings(model)
+        gate, probe = gate_for(model)
+        current = {lane: self.current_default(lane, archive.version) for lane in lanes}
+        old = {lane: state.version for lane, state in current.items()}
+        report = SwapReport(model, archive.version, old, started=time.monotonic())
+        self.register_and_gate(archive, lanes, gate, report)
+        for lane in lanes:
+            report.default_requested[lane] = time.monotonic()
+            self.api.set_default(lane, archive.version)
+            report.default_set[lane] = time.monotonic()
+            self.log(f"{lane}: default is now {archive.version} (was {old[lane]})")
+        for lane in lanes:
+            self.drain(lane, old[lane], probe())
+            self.api.unregister(lane, old[lane])
+            self.log(f"{lane}: unregistered {old[lane]}")
+        report.finished = time.monotonic()
+        if record:
+            self.record(model, current[model] if model in current else next(iter(current.values())), archive)
+        self.log(f"swapped {model} to {archive.version} in {report.seconds:.1f}s (register to old version unregistered)")
+        return report
+
+    def read_archive(self, mar: Path, model: str) -> Archive:
+        if not mar.exists():
+            raise SwapRefused(
+                f"{mar} does not exist: build it with `make archive VERSION=<version>` (writes model_store/{model}-<version>.mar)"
+            )
+        if mar.resolve().parent != self.model_store.resolve():
+            raise SwapRefused(
+                f"{mar} is not in the server's model store {self.model_store}"
+                f": copy it there (TorchServe loads archives from its store only)"
+            )
+        try:
+            name, version = MarFile(mar).model_name, MarFile(mar).version
+        except ArchiveError as error:
+            raise SwapRefused(str(error)) from None
+        if name != model:
+            raise SwapRefused(f"{mar} holds model {name!r}, not {model!r}: pick an archive of {model}")
+        return Archive(mar, model, version)
+
+    def current_default(self, lane: str, new_version: str | None = None) -> VersionState:
+        """The version `lane` serves now; refuses a `new_version` that is registered already."""
+        versions = self.api.versions(lane)  # ManagementError names an unknown model
+        if any(state.version == new_version for state in versions):
+            listed = ", ".join(state.version for state in versions)
+            raise SwapRefused(
+                f"version {new_version} of {lane!r} is already registered (registered: {listed})"
+                f"; build the archive with another version"
+            )
+        return next(state for state in versions if state.default)
+
+    def register_and_gate(self, archive: Archive, lanes: dict[str, LaneSettings], gate, report: SwapReport) -> None:
+        """Register on every lane, then gate every lane; on any failure unregister what was registered."""
+        registered: list[str] = []
+        try:
+            for lane, settings in lanes.items():
+                self.api.register(lane, archive.path.name, settings)
+                registered.append(lane)
+                self.log(
+                    f"{lane}: registered {archive.version} from {archive.path.name} "
+                    f"({settings.workers} worker(s), batch {settings.batch_size}/{settings.max_batch_delay} ms)"
+                )
+            for lane in lanes:
+                result = gate(self.endpoints, lane, archive.version)
+                report.gates.append(result)
+                self.log(f"{lane}: {result.summary()}")
+                if not result.passed:
+                    raise SwapRefused(f"{archive.path.name} refused: {result.summary()}")
+        except (ManagementError, SwapRefused) as error:
+            for lane in registered:
+                self.api.unregister(lane, archive.version)
+                self.log(f"{lane}: unregistered the refused {archive.version}")
+            kept = ", ".join(f"{lane} stays on {version}" for lane, version in report.old_versions.items())
+            raise SwapRefused(f"{error}; {kept}") from None
+
+    def drain(self, lane: str, version: str, probe: bytes) -> None:
+        """Return once `version` of `lane` has nothing queued and nothing in a worker.
+
+        TorchServe routes a request when it arrives, so after set-default no new work reaches the old
+        version; what it already accepted is in its queue (describe-model's pendingRequests) or in a
+        worker's current batch, which unregister would kill. The queue is observable; the batch in hand
+        is not, so a probe sent to the old version after its queue emptied is the barrier: with one
+        worker it is answered only after that batch's replies went out. With more workers a probe may
+        land on an idle one, so the drain waits out responseTimeout instead, the longest any accepted
+        batch can still run.
+        """
+        state = self.api.version(lane, version)
+        deadline = time.monotonic() + 2 * state.response_timeout
+        quiet = 0
+        while quiet < 2:  # two empty looks in a row: no request was between routing and queueing
+            if time.monotonic() > deadline:
+                raise ManagementError(
+                    f"{lane} {version} still has {state.pending_requests} queued requests after {2 * state.response_timeout}s; "
+                    f"it stays registered (not default): unregister it when idle with DELETE /models/{lane}/{version}"
+                )
+            time.sleep(POLL_SECONDS)
+            state = self.api.version(lane, version)
+            quiet = quiet + 1 if state.pending_requests == 0 else 0
+        if state.workers <= 1:
+            reply = predict(self.endpoints, lane, probe, JSON, version, timeout=state.response_timeout + 10)
+            self.log(f"{lane}: drained {version} (queue empty, barrier probe answered {reply.status_code})")
+        else:
+            self.log(
+                f"{lane}: {version} queue empty; "
+                f"waiting responseTimeout={state.response_timeout}s for {state.workers} workers' batches"
+            )
+            time.sleep(state.response_timeout)
+
+    # -- history and rollback -------------------------------------------------------------------
+
+    @property
+    def history_file(self) -> Path:
+        return self.model_store / HISTORY
+
+    def history(self) -> dict[str, list[dict]]:
+        return json.loads(self.history_file.read_text()) if self.history_file.exists() else {}
+
+    def record(self, model: str, old: VersionState, archive: Archive) -> None:
+        """Remember which archive the swap replaced: the old version is unregistered, so only this knows it."""
+        history = self.history()
+        entry = {"from": {"version": old.version, "url": old.url}, "to": {"version": archive.version, "url": archive.path.name}}
+        history.setdefault(model, []).append(entry)
+        self.history_file.write_text(json.dumps(history, indent=2) + "\n")
+
+    def rollback(self, model: str) -> SwapReport:
+        history = self.history()
+        entries = history.get(model, [])
+        if not entries:
+            raise SwapRefused(
+                f"no recorded swap of {model!r} in {self.history_file}: nothing to roll back (rollback undoes `make swap`)"
+            )
+        last = entries[-1]
+        current = self.current_default(model).version
+        if current != last["to"]["version"]:
+            raise SwapRefused(
+                f"{model} serves {current}, but the last recorded swap went to {last['to']['version']}"
+                f": roll back by hand with `make swap MAR=...`"
+            )
+        report = self.swap(model, self.model_store / last["from"]["url"], record=False)
+        entries.pop()
+        self.history_file.write_text(json.dumps(history, indent=2) + "\n")
+        return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("action", choices=["swap", "rollback"])
+    parser.add_argument("--model", default="digits", help="the stream lane's name; its -bulk lane swaps with it")
+    parser.add_argument("--mar", type=Path, help="swap: the new archive, in the model store (model_store/<model>-<version>.mar)")
+    cli.add_server_options(parser)
+    args = parser.parse_args(argv)
+    if args.action == "swap" and args.mar is None:
+        parser.error("swap needs --mar model_store/<model>-<version>.mar (make swap MAR=...)")
+    config = ServerConfig.read(args.config)
+    swapper = Swapper(Endpoints.from_config(args.config, args.key_file), args.config, config.model_store)
+    if args.action == "swap":
+        swapper.swap(args.model, args.mar)
+    else:
+        swapper.rollback(args.model)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main(), prefix="refused")

@@ -1,0 +1,126 @@
+"""The core with the real exported digits model: accuracy, micro-batching, regrouping, isolation, OOM."""
+
+import numpy as np
+import pytest
+import torch
+
+from handlers.core import InferenceCore, select_device
+from handlers.decoding import Payload
+from handlers.errors import RequestError
+from models.digits.samples import grid_png, held_out
+from tests.unit.conftest import digits_settings
+
+
+class RecordingModel(torch.nn.Module):
+    """The real model, remembering the batch sizes it saw and running out of memory above `fits` rows."""
+
+    def __init__(self, model, fits: int | None = None):
+        super().__init__()
+        self.model, self.fits, self.sizes = model, fits, []
+
+    def forward(self, batch):
+        self.sizes.append(batch.shape[0])
+        if self.fits is not None and batch.shape[0] > self.fits:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return self.model(batch)
+
+
+def instances(grids) -> Payload:
+    return Payload(items=[g.tolist() for g in grids], raw=False)
+
+
+def assert_same_predictions(actual, expected):
+    assert [p["label"] for p in actual] == [p["label"] for p in expected]
+    np.testing.assert_allclose([p["scores"] for p in actual], [p["scores"] for p in expected], atol=1e-6)
+
+
+def core_with(digits_core, model, **settings) -> InferenceCore:
+    return InferenceCore(digits_core.task, model, torch.device("cpu"), digits_settings(**settings))
+
+
+def test_held_out_accuracy_is_at_least_97_percent(digits_core):
+    grids, labels = held_out()
+    [response] = digits_core.answer([instances(grids)])
+    predicted = [p["label"] for p in response.body["predictions"]]
+    assert response.status == 200 and response.rows == len(labels)
+    assert np.mean(np.array(predicted) == labels) >= 0.97
+
+
+def test_scores_are_ten_probabilities(digits_core):
+    [response] = digits_core.answer([instances(held_out(3)[0])])
+    for prediction in response.body["predictions"]:
+        assert len(prediction["scores"]) == 10
+        assert sum(prediction["scores"]) == pytest.approx(1.0, abs=1e-5)
+        assert prediction["label"] == int(np.argmax(prediction["scores"]))
+
+
+def test_rows_run_in_micro_batches_of_at_most_max_batch_rows_and_come_back_in_order(digits_core):
+    grids, _ = held_out(50)
+    model = RecordingModel(digits_core.model)
+    core = core_with(digits_core, model, max_batch_rows=8)
+    payloads = [instances(grids[:20]), Payload(items=[grid_png(grids[20])], raw=True), instances(grids[21:])]
+    responses = core.answer(payloads)
+    assert model.sizes == [8] * 6 + [2]
+    [whole] = digits_core.answer([instances(grids)])
+    expected = whole.body["predictions"]
+    assert_same_predictions(responses[0].body["predictions"], expected[:20])
+    assert responses[1].body["label"] == expected[20]["label"]  # a raw request gets one object back
+    assert_same_predictions(responses[2].body["predictions"], expected[21:])
+
+
+def test_a_bad_request_fails_alone_and_names_the_row(digits_core):
+    grids, labels = held_out(3)
+    bad = Payload(items=[grids[0].tolist(), [1] * 63], raw=False)
+    responses = digits_core.answer([instances(grids[:1]), bad, Payload(items=[b"not an image"], raw=True), instances(grids[1:])])
+    assert [r.status for r in responses] == [200, 400, 400, 200]
+    assert responses[1].body == {
+        "code": 400,
+        "type": "InvalidInput",
+        "message": "instances[1]: expected 64 values in 0..16 (or an 8x8 list), got 63",
+    }
+    assert "not a readable image" in responses[2].body["message"]
+    assert [p["label"] for p in responses[3].body["predictions"]] == labels[1:].tolist()
+
+
+def test_an_undecodable_request_passed_as_error_still_gets_its_own_answer(digits_core):
+    responses = digits_core.answer([RequestError("empty request body"), instances(held_out(1)[0])])
+    assert [r.status for r in responses] == [400, 200]
+
+
+def test_out_of_memory_halves_the_micro_batch_and_still_answers_every_row(digits_core):
+    grids, _ = held_out(20)
+    model = RecordingModel(digits_core.model, fits=4)
+    core = core_with(digits_core, model, max_batch_rows=16)
+    [response] = core.answer([instances(grids)])
+    [reference] = digits_core.answer([instances(grids)])
+    assert response.status == 200
+    assert_same_predictions(response.body["predictions"], reference.body["predictions"])
+    assert model.sizes[:3] == [16, 8, 4] and max(model.sizes[3:]) <= 4
+
+
+def test_a_row_that_never_fits_is_a_507_for_its_batch_and_the_core_keeps_working(digits_core):
+    model = RecordingModel(digits_core.model, fits=0)
+    core = core_with(digits_core, model, max_batch_rows=4)
+    responses = core.answer([instances(held_out(2)[0]), RequestError("bad")])
+    assert [r.status for r in responses] == [507, 400]
+    assert responses[0].body["type"] == "OutOfResources"
+    model.fits = None
+    assert core.answer([instances(held_out(2)[0])])[0].status == 200
+
+
+def test_cpu_is_chosen_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert select_device(0) == torch.device("cpu") and select_device(None) == torch.device("cpu")
+
+
+def test_inference_runs_under_inference_mode(digits_core):
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, batch):
+            seen.append(torch.is_inference_mode_enabled())
+            return digits_core.model(batch)
+
+    core_with(digits_core, Probe()).answer([instances(held_out(1)[0])])
+    assert seen == [True]

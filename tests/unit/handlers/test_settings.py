@@ -1,0 +1,68 @@
+import pytest
+
+from handlers.errors import SettingsError
+from handlers.settings import HandlerSettings
+from handlers.tasks import build_task
+
+
+def test_reads_handler_section_and_keeps_task_options():
+    settings = HandlerSettings.from_yaml(
+        {
+            "handler": {
+                "task": "digit_classification",
+                "model_file": "m.pt2",
+                "max_batch_rows": 8,
+                "precision": "bf16",
+                "tokenizer": "t.json",
+            }
+        }
+    )
+    assert (settings.max_batch_rows, settings.precision, settings.deterministic) == (8, "bf16", False)
+    assert settings.task_options == {"tokenizer": "t.json"}
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        (None, "no 'handler:' section"),
+        ({"model_file": "m.pt2"}, "handler.task is required"),
+        ({"task": "x", "model_file": "m", "max_batch_rows": 0}, "max_batch_rows must be a positive integer, got 0"),
+        ({"task": "x", "model_file": "m", "max_batch_rows": "8"}, "got '8'"),
+        ({"task": "x", "model_file": "m", "precision": "int4"}, "one of fp32, bf16, fp16, got 'int4'"),
+        ({"task": "x", "model_file": "m", "deterministic": "yes"}, "deterministic must be true or false"),
+    ],
+)
+def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, message):
+    with pytest.raises(ValueError, match=message):
+        HandlerSettings.from_yaml({"handler": handler} if handler is not None else {})
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        (
+            {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
+            "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
+            "task, model_file, max_batch_rows, precision, deterministic$",
+        ),
+        (
+            {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
+            "unknown key\\(s\\) tokenizer for task text_embedding; allowed keys: .*tokenizer_file, max_seq_length$",
+        ),
+        ({"task": "text_embedding", "model_file": "m.pt2", "tokenizer_file": 3}, "handler.tokenizer_file must be str, got 3"),
+        (
+            {"task": "nope", "model_file": "m.pt2"},
+            "unknown handler.task 'nope'; known tasks: digit_classification, text_embedding",
+        ),
+    ],
+)
+def test_build_task_refuses_unknown_keys_and_tasks_at_start_up(handler, message):
+    with pytest.raises(SettingsError, match=message):
+        build_task(HandlerSettings.from_yaml({"handler": handler}))
+
+
+def test_build_task_gives_each_task_its_typed_options():
+    task = build_task(
+        HandlerSettings.from_yaml({"handler": {"task": "text_embedding", "model_file": "m.pt2", "max_seq_length": 128}})
+    )
+    assert (task.tokenizer_file, task.max_seq_length) == ("tokenizer.json", 128)

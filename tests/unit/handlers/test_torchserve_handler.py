@@ -1,0 +1,87 @@
+"""The adapter driven the way TorchServe drives it: a real ts Context, RequestProcessors and metrics cache."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+import orjson
+import pytest
+import ts
+import yaml
+from ts.context import Context, RequestProcessor
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.utils.util import list_classes_from_module
+
+from models.digits.samples import grid_png, held_out
+from scripts.layout import ROOT
+
+MODULE = importlib.import_module("handlers.torchserve_handler")
+
+
+def make_context(model_dir: Path, requests: int) -> Context:
+    metrics = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    config = yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text())
+    context = Context(
+        "digits",
+        str(model_dir),
+        {"model": {"modelName": "digits"}},
+        16,
+        None,
+        "0.12.0",
+        metrics=metrics,
+        model_yaml_config=config,
+    )
+    context.request_processor = [RequestProcessor({}) for _ in range(requests)]
+    context.request_ids = {index: f"request-{index}" for index in range(requests)}
+    metrics.request_ids = context.request_ids
+    return context
+
+
+@pytest.fixture(scope="module")
+def handler(digits_model_dir):
+    [handler_class] = list_classes_from_module(MODULE)  # TorchServe needs exactly one class in the entry module
+    handler = handler_class()
+    handler.initialize(make_context(digits_model_dir, 0))
+    return handler
+
+
+def test_one_response_per_request_in_order_with_per_request_status(handler, digits_model_dir):
+    grids, labels = held_out(3)
+    data = [
+        {"body": bytearray(grid_png(grids[0]))},
+        {"body": {"instances": [grids[1].tolist(), [0] * 10]}},
+        {"body": {"instances": [grids[1].tolist(), grids[2].tolist()]}},
+        {"data": b""},
+    ]
+    context = make_context(digits_model_dir, len(data))
+    bodies = [orjson.loads(body) for body in handler.handle(data, context)]
+    assert [context.get_response_status(i)[0] for i in range(4)] == [200, 400, 200, 400]
+    assert bodies[0]["label"] == labels[0]
+    assert bodies[1]["message"] == "instances[1]: expected 64 values in 0..16 (or an 8x8 list), got 10"
+    assert context.get_response_status(1)[1] == bodies[1]["message"]
+    assert [p["label"] for p in bodies[2]["predictions"]] == labels[1:].tolist()
+    assert bodies[3]["code"] == 400 and "empty request body" in bodies[3]["message"]
+    assert all(context.get_response_content_type(i) == "application/json" for i in range(4))
+    assert context.get_response_headers(0)["X-Batch-Requests"] == "4"
+
+
+def test_batch_metrics_are_emitted(handler, digits_model_dir, caplog):
+    grids, _ = held_out(5)
+    context = make_context(digits_model_dir, 2)
+    with caplog.at_level(logging.INFO, logger="ts.metrics.caching_metric"):
+        handler.handle([{"body": {"instances": [g.tolist() for g in grids]}}, {"body": bytearray(grid_png(grids[0]))}], context)
+    # The worker prints metric lines that the frontend turns into Prometheus series: name.unit:value|#dims
+    lines = {line.removeprefix("[METRICS]").split(":")[0]: line.split(":")[1].split("|")[0] for line in caplog.messages}
+    assert lines["HandlerBatchRequests.Count"] == "2"
+    assert lines["HandlerBatchRows.Count"] == "6"
+    assert 0 < float(lines["HandlerLatencySeconds.Seconds"]) < 60
+
+
+def test_initialize_rejects_a_config_without_handler_section(digits_model_dir):
+    context = make_context(digits_model_dir, 0)
+    context.model_yaml_config = {"minWorkers": 1}
+    with pytest.raises(ValueError, match="no 'handler:' section"):
+        MODULE.UnifiedHandler().initialize(context)

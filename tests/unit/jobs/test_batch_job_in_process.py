@@ -1,0 +1,176 @@
+"""Batch jobs in-process (no server): bad rows, CSV/Parquet inputs, Parquet output, resume after SIGKILL."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from models.digits.samples import digit_rows, write_jsonl
+from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, main, run_job
+from scripts.jobs.outputs import read_results
+from scripts.layout import ROOT
+
+ROWS = digit_rows(120)
+
+
+@pytest.fixture(scope="module")
+def digits_archive(tmp_path_factory, digits_model_dir):
+    """A .mar as `make archive` lays it out (model-config.yaml + digits.pt2), without needing the archiver."""
+    archive = tmp_path_factory.mktemp("store") / "digits.mar"
+    with zipfile.ZipFile(archive, "w") as mar:
+        mar.write(ROOT / "models" / "digits" / "model-config.yaml", "model-config.yaml")
+        mar.write(digits_model_dir / "digits.pt2", "digits.pt2")
+    return archive
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, digits_archive):
+    """The 120 rows in one uninterrupted JSONL job: what every other way of running them must give."""
+    folder = tmp_path_factory.mktemp("reference")
+    output = folder / "out.jsonl"
+    run_job(
+        JobConfig(
+            model="digits",
+            input=write_jsonl(folder / "in.jsonl", ROWS),
+            output=output,
+            in_process=True,
+            archive=digits_archive,
+            chunk_size=50,
+            progress_bar=False,
+        )
+    )
+    return read_results(output)
+
+
+def job(tmp_path, archive, input, output="out.jsonl", **options):
+    return JobConfig(
+        model="digits", input=input, output=tmp_path / output, in_process=True, archive=archive, progress_bar=False, **options
+    )
+
+
+def assert_same(records, expected):
+    assert [r["id"] for r in records] == [e["id"] for e in expected]
+    assert [r["prediction"]["label"] for r in records] == [e["prediction"]["label"] for e in expected]
+    np.testing.assert_allclose(
+        [r["prediction"]["scores"] for r in records], [e["prediction"]["scores"] for e in expected], atol=1e-6
+    )
+
+
+def test_every_row_once_in_order_with_the_held_out_labels(reference):
+    assert [r["id"] for r in reference] == [f"digit-{n}" for n in range(120)]
+    labels = [r["prediction"]["label"] for r in reference]
+    assert np.mean(np.array(labels) == np.array(ROWS.labels)) >= 0.97
+
+
+def test_a_bad_row_in_the_middle_goes_to_the_errors_file_and_the_job_exits_1(tmp_path, digits_archive, reference, capsys):
+    lines = write_jsonl(tmp_path / "in.jsonl", ROWS).read_bytes().splitlines()
+    lines[60] = orjson.dumps({"id": "short", "instance": [1, 2, 3]})
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    code = main(
+        [
+            "--model",
+            "digits",
+            "--input",
+            str(tmp_path / "in.jsonl"),
+            "--output",
+            str(tmp_path / "out.jsonl"),
+            "--in-process",
+            "--archive",
+            str(digits_archive),
+            "--chunk-size",
+            "25",
+            "--no-progress",
+        ]
+    )
+    assert code == EXIT_ROW_ERRORS
+    assert_same(read_results(tmp_path / "out.jsonl"), reference[:60] + reference[61:])
+    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert errors == [
+        {
+            "id": "short",
+            "row": 61,
+            "error": {"code": 400, "type": "InvalidInput", "message": "expected 64 values in 0..16 (or an 8x8 list), got 3"},
+        }
+    ]
+    summary = capsys.readouterr().err
+    assert "119 predicted" in summary and "1 rows rejected" in summary
+
+
+def test_csv_and_parquet_inputs_give_the_same_results_as_jsonl(tmp_path, digits_archive, reference):
+    ids = [f"digit-{n}" for n in range(120)]
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_text(
+        "\n".join(
+            ["id," + ",".join(f"p{i}" for i in range(64))]
+            + [f"{i}," + ",".join(map(str, row)) for i, row in zip(ids, ROWS.instances, strict=True)]
+        )
+        + "\n"
+    )
+    parquet_path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ids, "instance": ROWS.instances}), parquet_path)
+    run_job(job(tmp_path, digits_archive, csv_path, "from-csv.jsonl", chunk_size=33))
+    run_job(job(tmp_path, digits_archive, parquet_path, "from-parquet.parquet", chunk_size=64))
+    assert_same(read_results(tmp_path / "from-csv.jsonl"), reference)
+    assert_same(read_results(tmp_path / "from-parquet.parquet"), reference)
+
+
+def test_resume_after_the_job_is_killed_mid_run(tmp_path, digits_archive, reference):
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    output = tmp_path / "out.jsonl"
+    progress = tmp_path / "out.jsonl.progress.json"
+    command = [
+        sys.executable,
+        "-m",
+        "scripts.jobs.batch_job",
+        "--model",
+        "digits",
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--in-process",
+        "--archive",
+        str(digits_archive),
+        "--no-progress",
+    ]
+    # One row per chunk keeps the first run slow enough to be caught in the middle.
+    process = subprocess.Popen(command + ["--chunk-size", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        killed_at = wait_for_rows(progress, process, at_least=10)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    rows_done = orjson.loads(progress.read_bytes())["rows_done"]
+    assert killed_at <= rows_done < 120
+    with output.open("ab") as out:  # what a kill in the middle of a write leaves behind
+        out.write(b'{"id":"digit-99","predic')
+    resumed = subprocess.run(command + ["--chunk-size", "50", "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed after row {rows_done}" in resumed.stderr
+    assert_same(read_results(output), reference)
+    assert not progress.exists()
+
+
+def wait_for_rows(progress, process, at_least: int, timeout: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the job ended before it could be killed"
+        if progress.exists():
+            try:
+                done = orjson.loads(progress.read_bytes())["rows_done"]
+            except (orjson.JSONDecodeError, FileNotFoundError):
+                done = 0
+            if done >= at_least:
+                return done
+        time.sleep(0.01)
+    raise AssertionError(f"the job did not get to {at_least} rows in {timeout}s")

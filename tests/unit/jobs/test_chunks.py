@@ -1,0 +1,113 @@
+"""One chunk -> one result per row: retries with backoff, bad-row isolation, and the request-size guard."""
+
+import pytest
+
+from scripts.jobs.chunks import RetryPolicy, run_chunk
+from scripts.jobs.inputs import Row
+from scripts.jobs.runners import JobError, Reply, TransientError, encode_chunk
+
+NO_WAIT = RetryPolicy(attempts=3, first_delay=0.0)
+
+
+class FakeLane:
+    """Answers like the handler: the first instance that is not an int is named in a 400; else doubles.
+
+    `failures` are thrown or answered first (a TransientError, or a status code), one per call.
+    """
+
+    def __init__(self, failures=()):
+        self.failures = list(failures)
+        self.calls: list[list] = []
+
+    def send(self, instances):
+        self.calls.append(list(instances))
+        if self.failures:
+            failure = self.failures.pop(0)
+            if isinstance(failure, Exception):
+                raise failure
+            return Reply(failure, {"code": failure, "type": "ServiceUnavailable", "message": "busy"})
+        for position, item in enumerate(instances):
+            if not isinstance(item, int):
+                return Reply(
+                    400,
+                    {"code": 400, "type": "InvalidInput", "message": f"instances[{position}]: expected a number, got {item!r}"},
+                )
+        return Reply(200, {"predictions": [2 * item for item in instances]})
+
+
+def rows(*instances) -> list[Row]:
+    return [Row(index, f"id{index}", item) for index, item in enumerate(instances)]
+
+
+def test_bad_rows_are_isolated_and_the_rest_is_predicted_in_order():
+    lane = FakeLane()
+    results = run_chunk(lane.send, rows(1, "x", 3, "y", 5), NO_WAIT)
+    assert [r.prediction for r in results] == [2, None, 6, None, 10]
+    assert [r.error["message"] if r.error else None for r in results] == [
+        None,
+        "expected a number, got 'x'",
+        None,
+        "expected a number, got 'y'",
+        None,
+    ]
+    assert lane.calls == [[1, "x", 3, "y", 5], [1, 3, "y", 5], [1, 3, 5]]
+
+
+def test_rows_that_could_not_be_read_are_not_sent():
+    lane = FakeLane()
+    chunk = [Row(0, "a", 1), Row(1, "b", None, problem="line 2 is not valid JSON"), Row(2, "c", 3)]
+    results = run_chunk(lane.send, chunk, NO_WAIT)
+    assert lane.calls == [[1, 3]]
+    assert [r.prediction for r in results] == [2, None, 6]
+    assert results[1].error == {"code": 400, "type": "UnreadableRow", "message": "line 2 is not valid JSON"}
+
+
+def test_an_error_that_names_no_row_halves_the_chunk_until_the_row_is_found():
+    class PickyLane(FakeLane):
+        def send(self, instances):
+            self.calls.append(list(instances))
+            if 13 in instances:
+                return Reply(507, {"code": 507, "type": "OutOfResources", "message": "out of device memory for a single row"})
+            return Reply(200, {"predictions": [2 * item for item in instances]})
+
+    lane = PickyLane()
+    results = run_chunk(lane.send, rows(1, 2, 13, 4), NO_WAIT)
+    assert [r.prediction for r in results] == [2, 4, None, 8]
+    assert results[2].error["code"] == 507 and "single row" in results[2].error["message"]
+
+
+def test_failures_of_the_server_are_retried_then_succeed():
+    lane = FakeLane(failures=[TransientError("connection refused"), 503])
+    results = run_chunk(lane.send, rows(1, 2), NO_WAIT)
+    assert [r.prediction for r in results] == [2, 4]
+    assert len(lane.calls) == 3
+
+
+def test_a_chunk_that_keeps_failing_stops_the_job_with_a_resume_hint():
+    lane = FakeLane(failures=[503, 500, TransientError("reset")])
+    with pytest.raises(JobError, match=r"rows 1..2 failed 3 times, last with reset") as error:
+        run_chunk(lane.send, rows(1, 2), NO_WAIT)
+    assert "--resume" in str(error.value)
+
+
+def test_a_bad_token_stops_the_job_instead_of_failing_every_row():
+    lane = FakeLane(failures=[401])
+    with pytest.raises(JobError, match="HTTP 401.*token"):
+        run_chunk(lane.send, rows(1, 2), NO_WAIT)
+
+
+def test_backoff_grows_and_is_capped():
+    policy = RetryPolicy(first_delay=1.0, max_delay=5.0)
+    assert 0.5 <= policy.delay(0) <= 1.0
+    assert 2.0 <= policy.delay(2) <= 4.0
+    assert 2.5 <= policy.delay(10) <= 5.0
+
+
+def test_a_chunk_over_the_request_size_is_refused_with_a_chunk_size_that_fits():
+    instances = [[16] * 64 for _ in range(100)]
+    limit = len(encode_chunk(instances, 10**9)) // 3
+    with pytest.raises(JobError, match=r"a chunk of 100 rows encodes to \d+ bytes, over the server's max_request_size") as error:
+        encode_chunk(instances, limit)
+    suggested = int(str(error.value).split("--chunk-size ")[1].split()[0])
+    assert 1 <= suggested < 34
+    assert len(encode_chunk(instances[:suggested], limit)) <= limit

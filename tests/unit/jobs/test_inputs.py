@@ -1,0 +1,109 @@
+"""Batch-job readers: JSONL, CSV, Parquet and image folders give the same rows, ids and counts."""
+
+import base64
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from models.digits.samples import grid_png, held_out
+from scripts.jobs.inputs import InputError, open_input
+
+GRIDS = [[int(v) for v in grid.reshape(-1)] for grid in held_out(5)[0]]
+
+
+def write_lines(path, lines):
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    return path
+
+
+def test_jsonl_rows_keep_ids_and_default_to_the_line_number(tmp_path):
+    path = write_lines(
+        tmp_path / "in.jsonl",
+        [
+            orjson.dumps({"id": "a", "instance": GRIDS[0]}),
+            orjson.dumps({"instance": GRIDS[1]}),
+            b"",
+            orjson.dumps({"id": 7, "instance": GRIDS[2]}),
+        ],
+    )
+    source = open_input(path)
+    rows = list(source.rows())
+    assert source.format == "jsonl" and source.count() == 3
+    assert [(r.index, r.id) for r in rows] == [(0, "a"), (1, 2), (2, 7)]
+    assert [r.instance for r in rows] == GRIDS[:3]
+    assert [r.id for r in source.rows(skip=2)] == [7]
+
+
+def test_a_broken_jsonl_line_is_a_row_with_a_problem_not_the_end_of_the_job(tmp_path):
+    path = write_lines(
+        tmp_path / "in.jsonl",
+        [orjson.dumps({"instance": GRIDS[0]}), b'{"instance": [1, 2', b"[1, 2]", orjson.dumps({"instance": GRIDS[1]})],
+    )
+    rows = list(open_input(path).rows())
+    assert [r.problem is None for r in rows] == [True, False, False, True]
+    assert rows[1].problem.startswith("line 2 is not valid JSON")
+    assert "expected an object" in rows[2].problem
+    assert rows[3].instance == GRIDS[1]
+
+
+def test_csv_value_columns_make_one_list_per_row(tmp_path):
+    header = "id," + ",".join(f"p{i}" for i in range(64))
+    lines = [header] + [f"row-{n}," + ",".join(str(v) for v in grid) for n, grid in enumerate(GRIDS)]
+    path = tmp_path / "in.csv"
+    path.write_text("\n".join(lines) + "\n")
+    source = open_input(path)
+    rows = list(source.rows())
+    assert source.count() == 5
+    assert [r.id for r in rows] == [f"row-{n}" for n in range(5)]
+    assert [r.instance for r in rows] == GRIDS
+
+
+def test_csv_instance_column_holds_json_or_text(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('instance\n"[1, 2, 3]"\n"plain text, with a comma"\n"{""b64"": ""AAAA""}"\n')
+    rows = list(open_input(path).rows())
+    assert [r.id for r in rows] == [1, 2, 3]
+    assert [r.instance for r in rows] == [[1, 2, 3], "plain text, with a comma", {"b64": "AAAA"}]
+
+
+def test_csv_rows_that_cannot_be_read_carry_their_problem(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("a,b\n1,2\n3\nx,4\n")
+    rows = list(open_input(path).rows())
+    assert rows[0].instance == [1, 2] and rows[0].problem is None
+    assert "has 1 cells, the header has 2" in rows[1].problem
+    assert "must be a number" in rows[2].problem
+
+
+def test_parquet_list_column_and_value_columns(tmp_path):
+    with_list = tmp_path / "list.parquet"
+    pq.write_table(pa.table({"id": [10, 11, 12], "instance": GRIDS[:3]}), with_list)
+    columns = tmp_path / "columns.parquet"
+    pq.write_table(pa.table({f"p{i}": [grid[i] for grid in GRIDS[:3]] for i in range(64)}), columns)
+    assert open_input(with_list).count() == 3
+    assert [(r.id, r.instance) for r in open_input(with_list).rows()] == list(zip([10, 11, 12], GRIDS[:3], strict=True))
+    assert [(r.id, r.instance) for r in open_input(columns).rows(skip=1)] == list(zip([2, 3], GRIDS[1:3], strict=True))
+
+
+def test_image_folder_rows_are_base64_items_in_sorted_path_order(tmp_path):
+    grids, _ = held_out(3)
+    (tmp_path / "b").mkdir()
+    files = {"b/2.png": grid_png(grids[2]), "a.png": grid_png(grids[0]), "b/1.png": grid_png(grids[1])}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "notes.txt").write_text("not an image")
+    source = open_input(tmp_path)
+    rows = list(source.rows())
+    assert source.format == "images" and source.count() == 3
+    assert [r.id for r in rows] == ["a.png", "b/1.png", "b/2.png"]
+    assert [base64.b64decode(r.instance["b64"]) for r in rows] == [files[r.id] for r in rows]
+
+
+def test_unknown_inputs_are_refused_with_the_allowed_formats(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        open_input(tmp_path / "missing.jsonl")
+    (tmp_path / "data.xlsx").write_text("")
+    with pytest.raises(InputError, match="use .jsonl, .csv, .parquet"):
+        open_input(tmp_path / "data.xlsx")

@@ -1,0 +1,115 @@
+"""The pieces of gRPC errors and hot-swap that need no server: error bodies, lane settings, gate checks, archives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from handlers.errors import RequestError, out_of_resources
+from scripts.clients.grpc_client import PredictionError, error_in, result_of
+from scripts.errors import ConfigError
+from scripts.layout import CONFIG, ROOT
+from scripts.server.config import LaneSettings, ServerConfig
+from scripts.server.endpoints import Endpoints
+from scripts.swap.gates import GateResult, digits_check
+from scripts.swap.hot_swap import Swapper, SwapRefused
+
+
+def test_the_handlers_error_body_is_recognised_with_its_message():
+    for error in (RequestError("instances[3]: expected 64 values in 0..16, got 63"), out_of_resources("too large")):
+        found = error_in(json.dumps(error.to_dict()).encode())
+        assert found == PredictionError(error.message, error.code, error.type)
+        with pytest.raises(PredictionError, match="too large|expected 64 values"):
+            result_of(json.dumps(error.to_dict()).encode())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"label": 7, "scores": [0.1] * 10},
+        {"predictions": [{"label": 1, "scores": [0.1] * 10}]},
+        {"code": 200, "type": "x", "message": "a result that only looks like an error"},
+        {"code": 400, "type": "x", "message": "m", "label": 3},
+    ],
+)
+def test_results_are_not_taken_for_errors(body):
+    assert error_in(json.dumps(body).encode()) is None
+    assert result_of(json.dumps(body).encode()) == body
+
+
+def test_non_json_bodies_are_not_errors():
+    assert error_in(b"\x89PNG...") is None
+    assert error_in(b"{not json") is None
+
+
+def test_lane_settings_come_from_config_properties():
+    lanes = ServerConfig.read(CONFIG).lane_settings("digits")
+    assert lanes == {
+        "digits": LaneSettings(batch_size=16, max_batch_delay=5, response_timeout=30, workers=1),
+        "digits-bulk": LaneSettings(batch_size=4, max_batch_delay=50, response_timeout=300, workers=1),
+    }
+
+
+def test_a_model_without_lanes_is_named_with_the_declared_ones():
+    with pytest.raises(ConfigError, match="no lanes for model 'nope'.*digits"):
+        ServerConfig.read(CONFIG).lane_settings("nope")
+
+
+def test_a_lane_without_batching_is_refused(tmp_path):
+    config = tmp_path / "config.properties"
+    config.write_text('models={"digits": {"1.0": {"marName": "digits.mar", "batchSize": 4}}}\n')
+    with pytest.raises(ConfigError, match="lacks maxBatchDelay, responseTimeout, minWorkers"):
+        ServerConfig.read(config).lane_settings("digits")
+
+
+def test_digits_check_accepts_a_good_result_and_names_each_fault():
+    good = {"label": 2, "scores": [0.05, 0.05, 0.55] + [0.05] * 7}
+    assert digits_check(good, 2) is None
+    assert "10 finite float scores" in digits_check({"label": 2, "scores": [0.5, 0.5]}, 2)
+    assert "sum to" in digits_check({"label": 2, "scores": [0.5] * 10}, 2)
+    assert "argmax" in digits_check({"label": 3, "scores": good["scores"]}, 3)
+    assert "expected" in digits_check({"code": 400, "type": "InvalidInput", "message": "m"}, 2)
+
+
+def test_the_gate_needs_accuracy_and_no_problems():
+    assert GateResult("digits", "2.0", rows=200, correct=196).passed
+    assert not GateResult("digits", "2.0", rows=200, correct=150).passed
+    assert not GateResult("digits", "2.0", rows=200, correct=200, problems=["row 3: bad"]).passed
+    assert not GateResult("digits", "2.0").passed
+
+
+@pytest.fixture
+def swapper(tmp_path) -> Swapper:
+    store = tmp_path / "model_store"
+    store.mkdir()
+    source = ROOT / "model_store" / "digits.mar"
+    if not source.exists():
+        pytest.skip("model_store/digits.mar is not built (make archive)")
+    shutil.copy2(source, store / "digits.mar")
+    return Swapper(Endpoints.from_config(CONFIG, tmp_path / "key_file.json"), CONFIG, store, log=lambda line: None)
+
+
+def test_an_archive_is_read_from_its_manifest(swapper):
+    archive = swapper.read_archive(swapper.model_store / "digits.mar", "digits")
+    assert (archive.model, archive.version) == ("digits", "1.0")
+
+
+def test_archive_problems_are_refused_with_what_to_do(swapper, tmp_path):
+    with pytest.raises(SwapRefused, match="does not exist: build it with `make archive VERSION="):
+        swapper.read_archive(swapper.model_store / "digits-7.0.mar", "digits")
+    outside = tmp_path / "digits.mar"
+    shutil.copy2(swapper.model_store / "digits.mar", outside)
+    with pytest.raises(SwapRefused, match="not in the server's model store"):
+        swapper.read_archive(outside, "digits")
+    with pytest.raises(SwapRefused, match="holds model 'digits', not 'minilm'"):
+        swapper.read_archive(swapper.model_store / "digits.mar", "minilm")
+    (swapper.model_store / "junk.mar").write_bytes(b"not a zip")
+    with pytest.raises(SwapRefused, match="not a model archive"):
+        swapper.read_archive(swapper.model_store / "junk.mar", "digits")
+
+
+def test_rollback_without_a_recorded_swap_says_so(swapper):
+    with pytest.raises(SwapRefused, match="no recorded swap of 'digits'"):
+        swapper.rollback("digits")
