@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,11 +85,11 @@ class InferenceCore:
 
     def decode(self, payload: Payload) -> list[Any]:
         if payload.raw:
-            return [self.task.decode_raw(payload.items[0])]
+            return [_decoded(self.task.decode_raw, payload.items[0])]
         rows = []
         for position, item in enumerate(payload.items):
             try:
-                rows.append(self.task.decode_instance(item))
+                rows.append(_decoded(self.task.decode_instance, item))
             except RequestError as error:
                 raise error.at_row(position) from None
         return rows
@@ -150,3 +150,14 @@ class InferenceCore:
     def _release_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _decoded(decode: Callable[[Any], Any], item: Any) -> Any:
+    """One item through a task's decoder. Whatever a decoder or tokenizer raises on one item (a library's
+    TypeError on a lone surrogate, say) is that item's 400, never its batch's failure."""
+    try:
+        return decode(item)
+    except RequestError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure here belongs to this one item
+        raise RequestError(f"the item could not be decoded: {type(error).__name__}: {str(error)[:200]}") from None

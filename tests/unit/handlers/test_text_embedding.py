@@ -115,6 +115,14 @@ def test_bad_items_fail_alone_with_a_message_naming_them(core):
     assert len(responses[2].body["predictions"][0]["embedding"]) == 384
 
 
+def test_an_item_the_tokenizer_refuses_fails_alone(core):
+    """JSON may carry a lone surrogate ("\\ud800"), which Python's json accepts and the tokenizer rejects."""
+    responses = core.answer([Payload(items=["fine", "bad \ud800"], raw=False), Payload(items=["still served"], raw=False)])
+    assert [r.status for r in responses] == [400, 200]
+    assert responses[0].body["message"] == "instances[1]: the item could not be decoded: TypeError: TextInputSequence must be str"
+    assert len(responses[1].body["predictions"][0]["embedding"]) == 384
+
+
 def test_micro_batches_are_padded_to_their_longest_row(minilm_dir):
     task = build_task(minilm_settings())
     rows = [TokenizedText(ids=[101, 7, 102], truncated=False), TokenizedText(ids=[101, 5, 6, 8, 9, 102], truncated=False)]
