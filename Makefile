@@ -22,7 +22,7 @@ BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
 .PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench gpu-check clean
+	swap rollback batch-job verify bench bench-quick gpu-check clean
 
 # --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
@@ -101,10 +101,16 @@ batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
 # verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
 verify: model_store/digits.mar
 	$(PY) -m scripts.checks.verify
-# bench: 100,000 rows through the bulk lane and in-process, then stream-lane latency; writes docs/benchmarks.md.
-bench: model_store/digits.mar
-	$(PY) -m scripts.checks.bench_batch
+# bench: the stream lanes against a no-op floor, batchSize 1, Flask and LitServe under wrk and k6, then
+# batch jobs through the bulk lane and in-process; writes docs/benchmarks.md and docs/bench/*.png
+# (about 15 minutes). bench-quick: the same with short runs and fewer points (under 3 minutes), no report.
+bench: archive
+	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.checks.bench_stream
+	$(PY) -m scripts.checks.bench_batch
+bench-quick: archive
+	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
+	$(PY) -m scripts.checks.bench_stream --quick --models digits --no-report
 
 clean:
 	rm -rf build model_store/*.mar logs key_file.json

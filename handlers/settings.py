@@ -10,7 +10,7 @@ from handlers.errors import SettingsError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
-CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic")
+CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic", "torch_threads")
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,12 @@ class HandlerSettings:
     # Run every micro-batch at exactly max_batch_rows rows (zero-padded), so a row's result does not
     # depend on what else shared its batch: bitwise-equal answers across stream, bulk and in-process.
     deterministic: bool = False
+    # Intra-op threads per worker process: one number for every lane, or {lane name: number or null} with
+    # an optional `default` entry for lanes not named; null (or no entry) keeps torch's default, a thread
+    # per core. TorchServe never limits its Python workers'
+    # threads: on a CPU, each worker's OpenMP threads then spin on the cores the frontend and the other
+    # workers need. Stream lanes scale by workers of one thread each.
+    torch_threads: int | Mapping[str, int] | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -39,6 +45,7 @@ class HandlerSettings:
             max_batch_rows=section.get("max_batch_rows", cls.max_batch_rows),
             precision=str(section.get("precision", cls.precision)),
             deterministic=section.get("deterministic", cls.deterministic),
+            torch_threads=section.get("torch_threads", cls.torch_threads),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -49,5 +56,17 @@ class HandlerSettings:
             raise SettingsError(f"handler.max_batch_rows must be a positive integer, got {self.max_batch_rows!r}")
         if self.precision not in PRECISIONS:
             raise SettingsError(f"handler.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        threads = self.torch_threads
+        counts = threads.values() if isinstance(threads, Mapping) else [threads]
+        if any(count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1) for count in counts):
+            raise SettingsError(
+                f"handler.torch_threads must be a positive integer or {{lane: positive integer or null}}, got {threads!r}"
+            )
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
+
+    def threads_for(self, lane: str) -> int | None:
+        """torch threads for a worker of `lane` (TorchServe's model name), None for torch's default."""
+        if isinstance(self.torch_threads, Mapping):
+            return self.torch_threads.get(lane, self.torch_threads.get("default"))
+        return self.torch_threads

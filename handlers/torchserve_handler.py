@@ -6,6 +6,7 @@ Packed at the archive root as the handler entry point; everything else lives in 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import orjson
@@ -32,20 +33,27 @@ class UnifiedHandler:
 
     def __init__(self) -> None:
         self.core: InferenceCore | None = None
+        # Names the worker in every answer: the hot-swap's drain waits until each worker of the old
+        # version has answered a probe (scripts/swap/hot_swap.py).
+        self.pid = str(os.getpid())
 
     def initialize(self, context) -> None:
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config)
+        threads = settings.threads_for(context.model_name)
+        if threads is not None:
+            torch.set_num_threads(threads)
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         logger.info(
-            "model %s: task %s on %s, max_batch_rows=%d, precision=%s, deterministic=%s",
+            "model %s: task %s on %s, max_batch_rows=%d, precision=%s, deterministic=%s, torch threads=%d",
             context.model_name,
             settings.task,
             device,
             settings.max_batch_rows,
             settings.precision,
             settings.deterministic,
+            torch.get_num_threads(),
         )
 
     def handle(self, data: list[dict], context) -> list[bytes]:
@@ -54,6 +62,7 @@ class UnifiedHandler:
         for index, response in enumerate(responses):
             context.set_response_content_type(index, JSON)
             context.set_response_header(index, "X-Batch-Requests", str(len(data)))
+            context.set_response_header(index, "X-Worker-Pid", self.pid)
             if response.status != 200:
                 context.set_response_status(response.status, response.body["message"], index)
         self._emit_metrics(context, responses, time.perf_counter() - started)

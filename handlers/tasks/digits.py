@@ -22,6 +22,7 @@ from handlers.model_files import load_program
 
 PIXELS = GRID * GRID
 MAX_VALUE = 16.0
+NUMBER_TYPES = {int, float}
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ class DigitClassification:
         values = _flatten_grid(item)
         if len(values) != PIXELS:
             raise RequestError(f"expected 64 values in 0..16 (or an 8x8 list), got {len(values)}")
+        # Fast path, one numpy pass: only ints and floats (bool is neither here), all finite and in range.
+        # The loop below runs only to name the first bad value.
+        if set(map(type, values)) <= NUMBER_TYPES:
+            grid = np.asarray(values, dtype=np.float64)
+            if np.isfinite(grid).all() and grid.min() >= 0 and grid.max() <= MAX_VALUE:
+                return grid.astype(np.float32).reshape(GRID, GRID)
         for value in values:
             if (
                 isinstance(value, bool)

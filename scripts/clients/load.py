@@ -27,9 +27,21 @@ class Answer:
         """How many requests the handler saw in the call that answered this one (X-Batch-Requests)."""
         return int(self.reply.headers.get("X-Batch-Requests", 1))
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The process id of the TorchServe worker that answered (X-Worker-Pid), None if not named."""
+        pid = self.reply.headers.get("X-Worker-Pid")
+        return int(pid) if pid else None
+
 
 def send_concurrently(
-    endpoints: Endpoints, lane: str, bodies: Sequence[bytes], kinds: Sequence[str], clients: int, timeout: float = 60
+    endpoints: Endpoints,
+    lane: str,
+    bodies: Sequence[bytes],
+    kinds: Sequence[str],
+    clients: int,
+    timeout: float = 60,
+    version: str | None = None,
 ) -> list[Answer]:
     """Every body POSTed once to `lane`, by `clients` threads (keep-alive sessions) released together.
 
@@ -55,7 +67,7 @@ def send_concurrently(
                 return
             sent = time.perf_counter()
             try:
-                reply = predict(endpoints, lane, bodies[index], kinds[index], session=session, timeout=timeout)
+                reply = predict(endpoints, lane, bodies[index], kinds[index], version, timeout=timeout, session=session)
             except requests.RequestException as error:
                 failures.append(error)
                 return

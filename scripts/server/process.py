@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -44,6 +44,8 @@ class Server:
     config: Path
     workdir: Path
     model_store: Path
+    # The foreground process (throwaway servers): its process tree is the frontend and every worker.
+    process: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
     def endpoints(self) -> Endpoints:

@@ -28,7 +28,7 @@ def serving_in(
         shutil.copy2(source, store / name)
     config = ServerConfig.read().render(workdir / "config.properties", store, free_ports(), overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
-    process = server.start(foreground=True)
+    process = server.process = server.start(foreground=True)
     try:
         server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
         yield server

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scripts import cli
 from scripts.archive.reader import MarFile
-from scripts.clients.rest import predict
+from scripts.clients.load import send_concurrently
 from scripts.errors import ArchiveError, ScriptError
 from scripts.layout import JSON
 from scripts.server.config import LaneSettings, ServerConfig
@@ -160,10 +160,9 @@ class Swapper:
         TorchServe routes a request when it arrives, so after set-default no new work reaches the old
         version; what it already accepted is in its queue (describe-model's pendingRequests) or in a
         worker's current batch, which unregister would kill. The queue is observable; the batch in hand
-        is not, so a probe sent to the old version after its queue emptied is the barrier: with one
-        worker it is answered only after that batch's replies went out. With more workers a probe may
-        land on an idle one, so the drain waits out responseTimeout instead, the longest any accepted
-        batch can still run.
+        is not, so probes sent to the old version after its queue emptied are the barrier: a worker
+        answers a probe only after the batch it held went out, and every answer names its worker
+        (X-Worker-Pid). Once each of the version's workers has answered one, none holds a request.
         """
         state = self.api.version(lane, version)
         deadline = time.monotonic() + 2 * state.response_timeout
@@ -177,15 +176,22 @@ class Swapper:
             time.sleep(POLL_SECONDS)
             state = self.api.version(lane, version)
             quiet = quiet + 1 if state.pending_requests == 0 else 0
-        if state.workers <= 1:
-            reply = predict(self.endpoints, lane, probe, JSON, version, timeout=state.response_timeout + 10)
-            self.log(f"{lane}: drained {version} (queue empty, barrier probe answered {reply.status_code})")
-        else:
-            self.log(
-                f"{lane}: {version} queue empty; "
-                f"waiting responseTimeout={state.response_timeout}s for {state.workers} workers' batches"
-            )
-            time.sleep(state.response_timeout)
+        probes = self.probe_every_worker(lane, version, probe, state, deadline)
+        self.log(f"{lane}: drained {version} (queue empty, {len(state.worker_pids)} worker(s) answered {probes} barrier probes)")
+
+    def probe_every_worker(self, lane: str, version: str, probe: bytes, state: VersionState, deadline: float) -> int:
+        """Probe `version` until each of its workers has answered one; returns how many probes it took."""
+        waiting, sent, count = set(state.worker_pids), 0, max(1, len(state.worker_pids))
+        while sent == 0 or waiting:  # at least one round, also if describe-model named no worker
+            if time.monotonic() > deadline:
+                raise ManagementError(f"{lane} {version}: workers {sorted(waiting)} answered no probe; it stays registered")
+            # As many probes at once as workers: an idle worker takes what is queued, a busy one takes the
+            # next probe only after its batch, so rounds go on until the busy ones have come back.
+            bodies, kinds = [probe] * count, [JSON] * count
+            answers = send_concurrently(self.endpoints, lane, bodies, kinds, count, state.response_timeout + 10, version)
+            sent += count
+            waiting -= {answer.worker_pid for answer in answers}
+        return sent
 
     # -- history and rollback -------------------------------------------------------------------
 

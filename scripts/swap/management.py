@@ -30,6 +30,7 @@ class VersionState:
     workers: int
     pending_requests: int
     response_timeout: int
+    worker_pids: tuple[int, ...] = ()
 
 
 class ManagementApi:
@@ -114,4 +115,5 @@ def _version_state(entry: dict, default: str) -> VersionState:
         workers=len(workers),
         pending_requests=entry.get("jobQueueStatus", {}).get("pendingRequests", 0),
         response_timeout=int(entry.get("responseTimeout", 120)),
+        worker_pids=tuple(int(worker["pid"]) for worker in workers if worker.get("pid")),
     )

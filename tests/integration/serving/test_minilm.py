@@ -103,8 +103,8 @@ def test_each_lane_runs_with_its_own_batching(minilm_server):
     for lane in ("minilm", "minilm-bulk"):
         reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
         [model] = reply.json()
-        described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"])
-    assert described == {"minilm": (16, 5, 600), "minilm-bulk": (2, 50, 600)}
+        described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"], len(model["workers"]))
+    assert described == {"minilm": (16, 2, 600, 2), "minilm-bulk": (2, 50, 600, 1)}
 
 
 def test_rest_client_sends_text_and_instance_files(minilm_server, capsys):

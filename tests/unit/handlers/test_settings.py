@@ -30,6 +30,14 @@ def test_reads_handler_section_and_keeps_task_options():
         ({"task": "x", "model_file": "m", "max_batch_rows": "8"}, "got '8'"),
         ({"task": "x", "model_file": "m", "precision": "int4"}, "one of fp32, bf16, fp16, got 'int4'"),
         ({"task": "x", "model_file": "m", "deterministic": "yes"}, "deterministic must be true or false"),
+        (
+            {"task": "x", "model_file": "m", "torch_threads": 0},
+            "torch_threads must be a positive integer or \\{lane: positive integer or null\\}, got 0",
+        ),
+        (
+            {"task": "x", "model_file": "m", "torch_threads": {"digits": True}},
+            "torch_threads must be a positive integer or \\{lane: positive integer or null\\}, got \\{'digits': True\\}",
+        ),
     ],
 )
 def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, message):
@@ -43,7 +51,7 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         (
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
-            "task, model_file, max_batch_rows, precision, deterministic$",
+            "task, model_file, max_batch_rows, precision, deterministic, torch_threads$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
@@ -66,3 +74,13 @@ def test_build_task_gives_each_task_its_typed_options():
         HandlerSettings.from_yaml({"handler": {"task": "text_embedding", "model_file": "m.pt2", "max_seq_length": 128}})
     )
     assert (task.tokenizer_file, task.max_seq_length) == ("tokenizer.json", 128)
+
+
+def test_torch_threads_are_set_for_all_lanes_or_per_lane():
+    def settings(threads):
+        return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "torch_threads": threads}})
+
+    assert settings(2).threads_for("digits-bulk") == 2
+    per_lane = settings({"default": 1, "digits-bulk": None})
+    assert [per_lane.threads_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1, 1, None]
+    assert settings({"digits": 1}).threads_for("digits-bulk") is None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import torch
 import ts
 import yaml
 from ts.context import Context, RequestProcessor
@@ -44,8 +45,15 @@ def make_context(model_dir: Path, requests: int) -> Context:
 def handler(digits_model_dir):
     [handler_class] = list_classes_from_module(MODULE)  # TorchServe needs exactly one class in the entry module
     handler = handler_class()
+    threads = torch.get_num_threads()
     handler.initialize(make_context(digits_model_dir, 0))
-    return handler
+    yield handler
+    torch.set_num_threads(threads)  # initialize() limits this process's threads as it would a worker's
+
+
+def test_initialize_limits_the_workers_torch_threads_to_the_archives_setting(handler):
+    assert handler.core.settings.threads_for("digits") == 1  # make_context serves the digits (stream) lane
+    assert torch.get_num_threads() == 1
 
 
 def test_one_response_per_request_in_order_with_per_request_status(handler, digits_model_dir):
