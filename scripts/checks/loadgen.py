@@ -95,7 +95,7 @@ class LoadResult:
     requests: int  # answered (any status)
     errors: int  # non-2xx/3xx answers + socket errors + timeouts
     dropped: int  # open loop: starts the generator could not make on time (no free VU)
-    rps: float  # answered requests per second
+    rps: float  # successful (2xx) answers per second
     p50_ms: float
     p95_ms: float
     p99_ms: float
@@ -187,7 +187,8 @@ def closed_loop(
         requests=data["requests"],
         errors=data["status_errors"] + data["socket_errors"] + data["timeouts"],
         dropped=0,
-        rps=data["requests"] / duration if duration else 0.0,
+        # Answered successfully: a fast 503 (TorchServe's queue full) is not throughput.
+        rps=(data["requests"] - data["status_errors"]) / duration if duration else 0.0,
         p50_ms=data["p50_us"] / 1000,
         p95_ms=data["p95_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
@@ -249,9 +250,9 @@ def open_loop(target: Target, rate: float, seconds: float = 10.0, max_in_flight:
         offered_rps=rate,
         seconds=seconds,
         requests=count,
-        errors=int(round(failed.get("rate", 0.0) * count)),
+        errors=round(failed.get("rate", 0.0) * count),
         dropped=dropped,
-        rps=count / seconds,
+        rps=(count - round(failed.get("rate", 0.0) * count)) / seconds,
         p50_ms=duration.get("p(50)", 0.0),
         p95_ms=duration.get("p(95)", 0.0),
         p99_ms=duration.get("p(99)", 0.0),
