@@ -21,7 +21,6 @@ from handlers.decoding import Payload
 from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
 from scripts.errors import ScriptError
-from scripts.layout import JSON
 from scripts.server.endpoints import Endpoints
 
 
@@ -29,6 +28,12 @@ from scripts.server.endpoints import Endpoints
 class Reply:
     status: int
     body: Any
+
+
+# Chunks are JSON, sent under a JSON media type that TorchServe does not parse itself: its worker would
+# decode application/json with Python's json (17 ms for 2,000 digits rows here), while any other type
+# reaches the handler as bytes, which it parses with orjson (3.7 ms). Same body, same answer.
+CHUNK_TYPE = "application/vnd.instances+json"
 
 
 class TransientError(Exception):
@@ -80,7 +85,7 @@ class ServerRunner:
         except RowTooLarge as error:
             return Reply(413, {"code": 413, "type": "RequestTooLarge", "message": str(error)})
         try:
-            reply = predict(self.endpoints, self.lane, body, JSON, timeout=self.timeout, session=self._session())
+            reply = predict(self.endpoints, self.lane, body, CHUNK_TYPE, timeout=self.timeout, session=self._session())
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientError(f"no answer from {self.endpoints.prediction_url(self.lane)}: {error}") from None
         try:
