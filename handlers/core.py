@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,19 @@ class Response:
     status: int
     body: Any
     rows: int = 0
+
+
+@dataclass
+class StageTimes:
+    """Where one answer() call spent its time, in seconds, and how its rows ran: filled in by the core, turned
+    into metrics and a debug line by the adapter (handlers/metrics.py). Plain numbers: no cost beyond a clock read."""
+
+    decode: float = 0.0  # request items -> rows (the adapter adds its JSON parsing of the bodies)
+    collate: float = 0.0  # rows -> a device batch
+    forward: float = 0.0  # the forward pass and the copy of its outputs back to the CPU
+    encode: float = 0.0  # outputs -> per-row results -> per-request bodies (the adapter adds JSON serialization)
+    forward_rows: list[int] = field(default_factory=list)  # rows in each forward pass that completed
+    oom_splits: int = 0  # times an out-of-memory halved the micro-batch
 
 
 def select_device(gpu_id: int | str | None) -> torch.device:
@@ -55,8 +69,10 @@ class InferenceCore:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def answer(self, payloads: Sequence[Payload | RequestError]) -> list[Response]:
-        """Exactly one Response per payload, in order. A bad payload fails alone."""
+    def answer(self, payloads: Sequence[Payload | RequestError], stages: StageTimes | None = None) -> list[Response]:
+        """Exactly one Response per payload, in order. A bad payload fails alone. Stage times go into `stages`."""
+        stages = stages if stages is not None else StageTimes()
+        started = time.perf_counter()
         responses: list[Response | None] = [None] * len(payloads)
         rows: list[Any] = []
         spans: list[tuple[int, int, int]] = []  # (request index, first row, row count)
@@ -70,17 +86,20 @@ class InferenceCore:
                 continue
             spans.append((index, len(rows), len(decoded)))
             rows.extend(decoded)
+        stages.decode += time.perf_counter() - started
         try:
-            results = self.predict(rows) if rows else []
+            results = self.predict(rows, stages) if rows else []
         except RequestError as error:  # out of memory even one row at a time
             results = None
             for index, _, count in spans:
                 responses[index] = Response(error.code, error.to_dict(), count)
         if results is not None:
+            regrouping = time.perf_counter()
             for index, first, count in spans:
                 chunk = results[first : first + count]
                 body = chunk[0] if payloads[index].raw else {"predictions": chunk}
                 responses[index] = Response(200, body, count)
+            stages.encode += time.perf_counter() - regrouping
         return responses  # type: ignore[return-value]
 
     def decode(self, payload: Payload) -> list[Any]:
@@ -96,12 +115,13 @@ class InferenceCore:
 
     # -- rows -----------------------------------------------------------------------------------
 
-    def predict(self, rows: Sequence[Any]) -> list[Any]:
+    def predict(self, rows: Sequence[Any], stages: StageTimes | None = None) -> list[Any]:
         """Results for `rows` in their order, run in micro-batches of at most max_batch_rows.
 
         Rows are grouped by cost (similar lengths together) and the results put back in input order.
         A CUDA out-of-memory halves the micro-batch and retries; only one row that does not fit fails.
         """
+        stages = stages if stages is not None else StageTimes()
         order = sorted(range(len(rows)), key=lambda i: self.task.row_cost(rows[i]))
         results: list[Any] = [None] * len(rows)
         step = self.settings.max_batch_rows
@@ -109,12 +129,13 @@ class InferenceCore:
         while start < len(order):
             chunk = order[start : start + step]
             try:
-                outputs = self._run([rows[i] for i in chunk])
+                outputs = self._run([rows[i] for i in chunk], stages)
             except torch.OutOfMemoryError:
                 self._release_memory()
                 if step == 1:
                     raise out_of_resources("out of device memory for a single row; the input is too large") from None
                 step = max(1, step // 2)
+                stages.oom_splits += 1
                 logger.warning("out of memory at %d rows: retrying in micro-batches of %d", len(chunk), step)
                 continue
             for i, result in zip(chunk, outputs, strict=True):
@@ -122,13 +143,20 @@ class InferenceCore:
             start += len(chunk)
         return results
 
-    def _run(self, rows: list[Any]) -> list[Any]:
+    def _run(self, rows: list[Any], stages: StageTimes) -> list[Any]:
         pad_to = self.settings.max_batch_rows if self.settings.deterministic else None
+        started = time.perf_counter()
         batch = self._to_device(self.task.collate(rows, pad_to))
+        collated = time.perf_counter()
         with torch.inference_mode(), self._autocast():
             outputs = self.task.forward(self.model, batch)
-        outputs = outputs[: len(rows)].float().cpu()
+        outputs = outputs[: len(rows)].float().cpu()  # waits for the device: the forward time is real
+        computed = time.perf_counter()
         results = self.task.unbatch(outputs, rows)
+        stages.collate += collated - started
+        stages.forward += computed - collated
+        stages.encode += time.perf_counter() - computed
+        stages.forward_rows.append(len(rows))
         if len(results) != len(rows):
             raise RuntimeError(f"task {self.task.name} returned {len(results)} results for {len(rows)} rows")
         return results

@@ -11,21 +11,16 @@ import time
 
 import orjson
 import torch
-from ts.metrics.metric_type_enum import MetricTypes
 
-from handlers.core import InferenceCore, Response, select_device
+from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.decoding import read_request
 from handlers.errors import RequestError
+from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
-# Prometheus names: ts exposes backend metrics by these names (model_metrics_auto_detect=true).
-BATCH_REQUESTS = "HandlerBatchRequests"
-BATCH_ROWS = "HandlerBatchRows"
-HANDLER_LATENCY = "HandlerLatencySeconds"  # seconds: Prometheus default buckets fit
-GPU_MEMORY = "HandlerGPUMemoryAllocatedMB"
 
 
 class UnifiedHandler:
@@ -36,6 +31,7 @@ class UnifiedHandler:
         # Names the worker in every answer: the hot-swap's drain waits until each worker of the old
         # version has answered a probe (scripts/swap/hot_swap.py).
         self.pid = str(os.getpid())
+        self.metrics: HandlerMetrics | None = None
 
     def initialize(self, context) -> None:
         properties = context.system_properties
@@ -43,6 +39,7 @@ class UnifiedHandler:
         threads = settings.threads_for(context.model_name)
         if threads is not None:
             torch.set_num_threads(threads)
+        configure_logging(context.model_yaml_config)
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         logger.info(
@@ -55,29 +52,31 @@ class UnifiedHandler:
             settings.deterministic,
             torch.get_num_threads(),
         )
+        self.metrics = HandlerMetrics.for_context(context, device)
+        self.metrics.started()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         started = time.perf_counter()
-        responses = self.core.answer([_read(request) for request in data])
+        stages = StageTimes()
+        payloads = [_read(request) for request in data]
+        stages.decode = time.perf_counter() - started
+        responses = self.core.answer(payloads, stages)
         for index, response in enumerate(responses):
             context.set_response_content_type(index, JSON)
             context.set_response_header(index, "X-Batch-Requests", str(len(data)))
             context.set_response_header(index, "X-Worker-Pid", self.pid)
             if response.status != 200:
                 context.set_response_status(response.status, response.body["message"], index)
-        self._emit_metrics(context, responses, time.perf_counter() - started)
-        return [orjson.dumps(response.body) for response in responses]
+        encoding = time.perf_counter()
+        bodies = [orjson.dumps(response.body) for response in responses]
+        self._emit_metrics(responses, stages, started, encoding)
+        return bodies
 
-    def _emit_metrics(self, context, responses: list[Response], seconds: float) -> None:
-        metrics = context.metrics
-        if metrics is None:
-            return
-        metrics.add_metric(BATCH_REQUESTS, len(responses), "count", metric_type=MetricTypes.HISTOGRAM)
-        metrics.add_metric(BATCH_ROWS, sum(r.rows for r in responses), "count", metric_type=MetricTypes.HISTOGRAM)
-        metrics.add_metric(HANDLER_LATENCY, seconds, "s", metric_type=MetricTypes.HISTOGRAM)
-        if self.core.device.type == "cuda":
-            allocated = torch.cuda.memory_allocated(self.core.device) / 2**20
-            metrics.add_metric(GPU_MEMORY, allocated, "MB", metric_type=MetricTypes.GAUGE)
+    def _emit_metrics(self, responses: list[Response], stages: StageTimes, started: float, encoding: float) -> None:
+        """Metrics and the debug line of one batch (handlers/metrics.py); `encoding`: when JSON serialization began."""
+        finished = time.perf_counter()
+        stages.encode += finished - encoding
+        self.metrics.batch(responses, stages, finished - started)
 
 
 def _read(request: dict):

@@ -128,9 +128,21 @@ class ServerConfig:
         store = Path(self.get("model_store", "model_store"))
         return store if store.is_absolute() else ROOT / store
 
+    @property
+    def metrics_config(self) -> Path | None:
+        """metrics_config= (the metrics YAML), relative to the repository root; None: TorchServe's default."""
+        value = self.properties.get("metrics_config")
+        if not value:
+            return None
+        path = Path(value)
+        return path if path.is_absolute() else ROOT / path
+
     def render(self, out: Path, model_store: Path, ports: dict[str, int], overrides: dict[str, str] | None = None) -> Path:
         """A copy of this file with other ports, model store and any overrides, for a second server."""
+        # Paths TorchServe resolves from the folder it starts in, which is the copy's, not the repository.
+        files = {"metrics_config": str(self.metrics_config)} if self.metrics_config is not None else {}
         addresses = {
+            **files,
             "inference_address": f"http://127.0.0.1:{ports['inference']}",
             "management_address": f"http://127.0.0.1:{ports['management']}",
             "metrics_address": f"http://127.0.0.1:{ports['metrics']}",

@@ -81,8 +81,9 @@ def test_concurrent_requests_are_batched_and_a_bad_one_fails_alone(digits_server
         pytest.fail("in 10 rounds the bad request never shared a batch with good ones")
 
 
-def prometheus_value(text: str, series: str, model: str) -> float:
-    prefix = f'{series}{{ModelName="{model}",'
+def prometheus_value(text: str, series: str, lane: str) -> float:
+    """The sum of `series` over the samples of `lane` (handler metrics are labelled model and lane)."""
+    prefix = f'{series}{{model="digits",lane="{lane}",'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from handlers.core import InferenceCore, select_device
+from handlers.core import InferenceCore, StageTimes, select_device
 from handlers.decoding import Payload
 from handlers.errors import RequestError
 from models.digits.samples import grid_png, held_out
@@ -91,11 +91,23 @@ def test_out_of_memory_halves_the_micro_batch_and_still_answers_every_row(digits
     grids, _ = held_out(20)
     model = RecordingModel(digits_core.model, fits=4)
     core = core_with(digits_core, model, max_batch_rows=16)
-    [response] = core.answer([instances(grids)])
+    stages = StageTimes()
+    [response] = core.answer([instances(grids)], stages)
     [reference] = digits_core.answer([instances(grids)])
     assert response.status == 200
     assert_same_predictions(response.body["predictions"], reference.body["predictions"])
     assert model.sizes[:3] == [16, 8, 4] and max(model.sizes[3:]) <= 4
+    assert stages.oom_splits == 2 and stages.forward_rows == [4] * 5  # only the passes that completed
+
+
+def test_stage_times_cover_every_stage_and_forward_pass(digits_core):
+    grids, _ = held_out(20)
+    core = core_with(digits_core, digits_core.model, max_batch_rows=8)
+    stages = StageTimes()
+    responses = core.answer([instances(grids), instances(grids[:3]), RequestError("bad")], stages)
+    assert [r.status for r in responses] == [200, 200, 400]
+    assert stages.forward_rows == [8, 8, 7] and stages.oom_splits == 0
+    assert all(value > 0 for value in (stages.decode, stages.collate, stages.forward, stages.encode))
 
 
 def test_a_row_that_never_fits_is_a_507_for_its_batch_and_the_core_keeps_working(digits_core):

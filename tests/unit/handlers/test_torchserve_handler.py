@@ -9,7 +9,6 @@ from pathlib import Path
 import orjson
 import pytest
 import torch
-import ts
 import yaml
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -21,10 +20,10 @@ from scripts.layout import ROOT
 MODULE = importlib.import_module("handlers.torchserve_handler")
 
 
-def make_context(model_dir: Path, requests: int) -> Context:
-    metrics = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+def make_context(model_dir: Path, requests: int, metrics_config: Path | None = None, **yaml_sections) -> Context:
+    metrics = MetricsCacheYamlImpl(config_file_path=str(metrics_config or ROOT / "monitoring" / "metrics.yaml"))
     metrics.initialize_cache()
-    config = yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text())
+    config = {**yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text()), **yaml_sections}
     context = Context(
         "digits",
         str(model_dir),

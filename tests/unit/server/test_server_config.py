@@ -1,11 +1,12 @@
 """config.properties as TorchServe and our scripts read it, and the copies tests render from it."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from scripts.errors import ConfigError
-from scripts.layout import CONFIG
+from scripts.layout import CONFIG, ROOT
 from scripts.server.config import ServerConfig, read_properties
 from scripts.server.endpoints import Endpoints
 from scripts.server.process import check_java
@@ -49,6 +50,8 @@ def test_rendered_config_moves_ports_and_store_and_keeps_the_rest(tmp_path):
     assert p["model_store"] == str(tmp_path / "store") and p["initial_worker_port"] == "19000"
     assert p["load_models"] == "digits=digits.mar"
     assert json.loads(p["models"]) == json.loads(read_properties(CONFIG)["models"])
+    # TorchServe resolves metrics_config from the folder it starts in: the copy names the repository's file.
+    assert p["metrics_config"] == str(ROOT / "monitoring" / "metrics.yaml") and Path(p["metrics_config"]).is_file()
 
 
 def test_missing_java_says_how_to_install_it(monkeypatch, tmp_path):
