@@ -17,11 +17,25 @@ $(STAMP): requirements.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # `make archive` builds every model's default archive; `make archive VERSION=2.0` adds digits-2.0.mar.
+# `make archive FORMAT=onnx [PRECISION=int8]` builds instead model_store/digits-onnx.mar and
+# minilm-onnx.mar (-int8 when PRECISION is given): FORMAT is export | torchscript | aoti | onnx.
+FORMAT ?=
+PRECISION ?=
+ifeq ($(FORMAT)$(PRECISION),)
 ARCHIVES := model_store/digits.mar
 ifneq ($(VERSION),1.0)
 ARCHIVES += model_store/digits-$(VERSION).mar
 endif
 ARCHIVES += model_store/minilm.mar
+else
+VARIANT := $(if $(FORMAT),-$(FORMAT))$(if $(PRECISION),-$(PRECISION))
+VARIANT_ARGS := $(if $(FORMAT),--format $(FORMAT)) $(if $(PRECISION),--precision $(PRECISION))
+ARCHIVES := model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar model_store/minilm$(VARIANT).mar
+model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES) models/export_formats.py
+	$(PY) -m scripts.build_archive --model digits --version $(VERSION) $(VARIANT_ARGS)
+model_store/minilm$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(wildcard models/minilm/*.py models/minilm/*.yaml) models/export_formats.py
+	$(PY) -m scripts.build_archive --model minilm --version 1.0 $(VARIANT_ARGS)
+endif
 archive: $(ARCHIVES)
 
 model_store/digits.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
