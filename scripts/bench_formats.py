@@ -103,7 +103,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["digits", "minilm"])
+    parser.add_argument("--precision", action="append", help="only these precisions (repeatable), e.g. --precision fp32")
     args = parser.parse_args()
+    if args.precision:
+        DIGITS_RUNS[:] = [run for run in DIGITS_RUNS if run[1] in args.precision]
+        MINILM_RUNS[:] = [run for run in MINILM_RUNS if run[1] in args.precision]
     torch.set_num_threads(args.threads)  # onnxruntime sessions take the same count (handlers/model_files.py)
     os.environ["HF_HUB_OFFLINE"] = "1"
     lines = []
