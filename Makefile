@@ -38,9 +38,23 @@ $(GRPC_STUBS) &: $(STAMP) scripts/clients/stubs.py
 	$(PY) -m scripts.clients.stubs
 
 # --- archives: `make archive` builds every model's default archive; VERSION=2.0 adds digits-2.0.mar ---
+# `make archive FORMAT=onnx [PRECISION=int8]` builds instead model_store/digits-onnx.mar and
+# minilm-onnx.mar (-int8 when PRECISION is given): FORMAT is export | torchscript | aoti | onnx.
+FORMAT ?=
+PRECISION ?=
+ifeq ($(FORMAT)$(PRECISION),)
 ARCHIVES := model_store/digits.mar model_store/minilm.mar
 ifneq ($(VERSION),1.0)
 ARCHIVES += model_store/digits-$(VERSION).mar
+endif
+else
+VARIANT := $(if $(FORMAT),-$(FORMAT))$(if $(PRECISION),-$(PRECISION))
+VARIANT_ARGS := $(if $(FORMAT),--format $(FORMAT)) $(if $(PRECISION),--precision $(PRECISION))
+ARCHIVES := model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar model_store/minilm$(VARIANT).mar
+model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES) models/export_formats.py
+	$(PY) -m scripts.archive.build --model digits --version $(VERSION) $(VARIANT_ARGS)
+model_store/minilm$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES) models/export_formats.py
+	$(PY) -m scripts.archive.build --model minilm --version 1.0 $(VARIANT_ARGS)
 endif
 archive: $(ARCHIVES) grpc-stubs
 

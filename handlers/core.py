@@ -14,6 +14,7 @@ import torch
 
 from handlers.decoding import Payload
 from handlers.errors import RequestError, out_of_resources
+from handlers.model_files import compiled_precision, runs_under_autocast
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
 from handlers.tasks.base import Task
@@ -171,9 +172,33 @@ class InferenceCore:
         return move(batch)
 
     def _autocast(self):
-        if self.settings.precision == "fp32" or self.device.type != "cuda":
+        """bf16 autocast on CUDA or the CPU, fp16 on CUDA only, for models autocast reaches (torch.export,
+        TorchScript). Compiled files (AOTInductor, ONNX) carry their precision in the file (built from the
+        same setting, e.g. digits.bf16.aoti.pt2), as does int8: nothing to switch here. A precision that
+        cannot apply (fp16 on a CPU, bf16 asked of an fp32 compiled file) runs as the file is, said once."""
+        dtype = AUTOCAST_DTYPES.get(self.settings.precision)
+        if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type="cuda", dtype=AUTOCAST_DTYPES[self.settings.precision])
+        model_file = Path(self.settings.model_file)
+        if not runs_under_autocast(model_file):
+            if compiled_precision(model_file) != self.settings.precision:
+                self._say_once(
+                    f"{model_file.name} is a compiled file built at {compiled_precision(model_file) or 'fp32'}; "
+                    f"precision {self.settings.precision} must be built in (build_archive --precision)"
+                )
+            return contextlib.nullcontext()
+        if self.device.type == "cpu" and dtype is torch.float16:
+            self._say_once(f"precision fp16 is for CUDA; running {model_file.name} in fp32 on the CPU")
+            return contextlib.nullcontext()
+        if self.device.type not in ("cpu", "cuda"):
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _say_once(self, message: str) -> None:
+        said = self.__dict__.setdefault("_said", set())
+        if message not in said:
+            said.add(message)
+            logger.warning(message)
 
     def _release_memory(self) -> None:
         if self.device.type == "cuda":

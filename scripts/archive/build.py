@@ -1,6 +1,11 @@
 """Build model_store/<model>[-<version>].mar with torch-model-archiver.
 
     python -m scripts.archive.build --model digits --version 2.0
+    python -m scripts.archive.build --model minilm --format onnx --precision int8   # -> model_store/minilm-onnx-int8.mar
+
+The format (export | torchscript | aoti | onnx) and precision default to model-config.yaml's `format`
+and `handler.precision`; the archived model-config.yaml names the built file in handler.model_file
+(the handler picks the loader from its suffix) and carries the precision.
 
 The archive holds the handler entry point at its root, the `handlers` package, the model's
 model-config.yaml and the files its models/<model>/archive.py produces (trained and exported here).
@@ -9,6 +14,7 @@ model-config.yaml and the files its models/<model>/archive.py produces (trained 
 from __future__ import annotations
 
 import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -22,25 +28,70 @@ from scripts.layout import BUILD, MODEL_STORE, ROOT
 DEFAULT_VERSION = "1.0"
 
 
-def archive_name(model: str, version: str) -> str:
-    """digits.mar for the default version, digits-2.0.mar for others, so both can sit in one store."""
-    return model if version == DEFAULT_VERSION else f"{model}-{version}"
+def archive_name(model: str, version: str, fmt: str | None = None, precision: str | None = None) -> str:
+    """digits.mar for the default version and the config's format and precision; a version other than the
+    default, then a format and a precision asked for (not None) are added in that order: digits-2.0.mar,
+    digits-onnx.mar, digits-2.0-onnx.mar, minilm-onnx-int8.mar."""
+    parts = [model] + [part for part in (version if version != DEFAULT_VERSION else None, fmt, precision) if part]
+    return "-".join(parts)
 
 
-def build(model: str, version: str, model_store: Path, build_dir: Path) -> Path:
+def model_config(model_dir: Path) -> tuple[str, str]:
+    """(format, precision) from the model's model-config.yaml."""
+    import yaml
+
+    config = yaml.safe_load((model_dir / "model-config.yaml").read_text())
+    return str(config.get("format", "export")), str(config["handler"].get("precision", "fp32"))
+
+
+def archived_config(text: str, fmt: str, model_file: str, precision: str) -> str:
+    """model-config.yaml with the built format, file and precision, comments kept."""
+    import yaml
+
+    replacements = [
+        (r"^format:.*$", f"format: {fmt}"),
+        (r"^([ \t]+)model_file:.*$", rf"\g<1>model_file: {model_file}"),
+        (r"^([ \t]+)precision:.*$", rf"\g<1>precision: {precision}"),
+    ]
+    for pattern, replacement in replacements:
+        text, count = re.subn(pattern, replacement, text, count=1, flags=re.MULTILINE)
+        if count != 1:
+            raise ArchiveError(f"model-config.yaml has no line matching {pattern!r} to set")
+    config = yaml.safe_load(text)
+    handler = config["handler"]
+    if (config["format"], handler["model_file"], handler["precision"]) != (fmt, model_file, precision):
+        raise ArchiveError(f"could not set format/model_file/precision in model-config.yaml: got {config}")
+    return text
+
+
+def build(
+    model: str, version: str, model_store: Path, build_dir: Path, fmt: str | None = None, precision: str | None = None
+) -> Path:
     model_dir = ROOT / "models" / model
     if not (model_dir / "archive.py").exists():
         known = sorted(p.parent.name for p in (ROOT / "models").glob("*/archive.py"))
         raise ArchiveError(f"unknown model {model!r}; known models: {', '.join(known)}")
-    files = importlib.import_module(f"models.{model}.archive").artifacts(version, build_dir)
+    default_format, default_precision = model_config(model_dir)
+    asked_format, asked_precision = fmt, precision
+    fmt, precision = fmt or default_format, precision or default_precision
+    from models import export_formats
+
+    try:
+        export_formats.check(fmt, precision)
+    except ValueError as error:
+        raise ArchiveError(str(error)) from None
+    files = importlib.import_module(f"models.{model}.archive").artifacts(version, build_dir, fmt, precision)
     model_store.mkdir(parents=True, exist_ok=True)
-    name = archive_name(model, version)
+    # Named after what was asked for on the command line (make archive FORMAT=export -> digits-export.mar).
+    name = archive_name(model, version, asked_format, asked_precision)
     with tempfile.TemporaryDirectory() as staging:
         extra = Path(staging) / "extra"
         # The archiver copies a folder's *contents*: stage one holding handlers/ so the package survives.
         shutil.copytree(ROOT / "handlers", extra / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
         for file in files:
             shutil.copy2(file, extra / file.name)
+        config = Path(staging) / "model-config.yaml"
+        config.write_text(archived_config((model_dir / "model-config.yaml").read_text(), fmt, files[0].name, precision))
         command = [
             str(Path(sys.executable).parent / "torch-model-archiver"),
             "--model-name",
@@ -52,7 +103,7 @@ def build(model: str, version: str, model_store: Path, build_dir: Path) -> Path:
             "--extra-files",
             str(extra),
             "--config-file",
-            str(model_dir / "model-config.yaml"),
+            str(config),
             "--export-path",
             staging,
             "--force",
@@ -61,7 +112,7 @@ def build(model: str, version: str, model_store: Path, build_dir: Path) -> Path:
         # The manifest keeps the model's own name; only the file name carries the version.
         target = model_store / f"{name}.mar"
         shutil.move(Path(staging) / f"{model}.mar", target)
-    print(f"built {target} ({target.stat().st_size / 1e6:.1f} MB, {model} version {version})")
+    print(f"built {target} ({target.stat().st_size / 1e6:.1f} MB, {model} version {version}, {fmt} {precision}: {files[0].name})")
     return target
 
 
@@ -71,8 +122,10 @@ def main() -> int:
     parser.add_argument("--version", default=DEFAULT_VERSION)
     parser.add_argument("--model-store", type=Path, default=MODEL_STORE)
     parser.add_argument("--build-dir", type=Path, default=BUILD)
+    parser.add_argument("--format", help="export | torchscript | aoti | onnx (default: model-config.yaml's format)")
+    parser.add_argument("--precision", help="fp32 | bf16 | fp16 | int8 (default: model-config.yaml's handler.precision)")
     args = parser.parse_args()
-    build(args.model, args.version, args.model_store, args.build_dir)
+    build(args.model, args.version, args.model_store, args.build_dir, args.format or None, args.precision or None)
     return 0
 
 
