@@ -28,7 +28,7 @@ def test_reads_handler_section_and_keeps_task_options():
         ({"model_file": "m.pt2"}, "handler.task is required"),
         ({"task": "x", "model_file": "m", "max_batch_rows": 0}, "max_batch_rows must be a positive integer, got 0"),
         ({"task": "x", "model_file": "m", "max_batch_rows": "8"}, "got '8'"),
-        ({"task": "x", "model_file": "m", "precision": "int4"}, "one of fp32, bf16, fp16, got 'int4'"),
+        ({"task": "x", "model_file": "m", "precision": "int4"}, "one of fp32, bf16, fp16, int8, got 'int4'"),
         ({"task": "x", "model_file": "m", "deterministic": "yes"}, "deterministic must be true or false"),
         (
             {"task": "x", "model_file": "m", "torch_threads": 0},
