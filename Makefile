@@ -1,5 +1,6 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
 #                           | batch-job | verify | bench | gpu-check | clean
+SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -86,8 +87,14 @@ test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
 test-integration: archive model_store/digits-2.0.mar
 	$(PY) -m pytest tests/integration
+# gpu-check, for a machine with CUDA (under 8 minutes): the tests marked gpu, then the quick stream benchmark
+# on CUDA in fp32 and bf16 autocast; everything it prints is also written to build/gpu-check.txt.
 gpu-check: archive
-	$(PY) -m pytest -m gpu -v -s
+	@mkdir -p build
+	set -o pipefail; $(PY) -m pytest -m gpu -v -s 2>&1 | tee build/gpu-check.txt
+	set -o pipefail; $(PY) -m scripts.checks.bench_stream --quick --no-report --models digits minilm 2>&1 | tee -a build/gpu-check.txt
+	set -o pipefail; $(PY) -m scripts.checks.bench_stream --quick --no-report --models digits minilm --precision bf16 2>&1 \
+		| tee -a build/gpu-check.txt
 
 # --- clients ------------------------------------------------------------------------------------------
 # make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json

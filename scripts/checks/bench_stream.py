@@ -1,6 +1,6 @@
 """`make bench` (stream half): each model's stream lane against what a user would pick instead, in one run.
 
-    python -m scripts.checks.bench_stream [--quick] [--models digits minilm] [--no-report]
+    python -m scripts.checks.bench_stream [--quick] [--models digits minilm] [--precision bf16] [--no-report]
 
 Per model, one after the other on this machine, every system serving the same archive's core with the
 same workers and torch threads, under the same load (wrk: closed loop; k6: open loop) and the same
@@ -34,6 +34,7 @@ import torch
 
 from models.digits.samples import digit_rows
 from scripts import cli
+from scripts.archive.variant import write_variant
 from scripts.checks import loadgen, plots
 from scripts.checks.peers.flask_app import flask_peer
 from scripts.checks.peers.litserve_app import litserve_peer
@@ -147,8 +148,10 @@ def open_runs(target: loadgen.Target, rates: list[float], plan: Plan) -> list[di
     return runs
 
 
-def bench_model(model: str, plan: Plan, workdir: Path) -> ModelBench:
+def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = None) -> ModelBench:
     archive = MODEL_STORE / f"{model}.mar"
+    if precision is not None:  # the same archive with handler.precision changed (e.g. bf16 autocast on CUDA)
+        archive = write_variant(archive, workdir / f"{model}-{precision}" / f"{model}.mar", {"precision": precision})
     lane = ServerConfig.read().lane_settings(model)[model]
     result = ModelBench(model, lane, os.cpu_count() or 1)
     body = request_body(model)
@@ -318,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer points (make bench-quick)")
     parser.add_argument("--models", nargs="+", default=["digits", "minilm"])
+    parser.add_argument("--precision", help="serve the archives with this handler.precision (bf16, fp16: autocast)")
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     with tempfile.TemporaryDirectory(prefix="bench-") as folder:
-        benches = [bench_model(model, plan, Path(folder)) for model in args.models]
+        benches = [bench_model(model, plan, Path(folder), args.precision) for model in args.models]
     (BUILD / "bench").mkdir(parents=True, exist_ok=True)
     (BUILD / "bench" / "stream.json").write_text(json.dumps([asdict(b) for b in benches], indent=1))
     text = report(benches, plan)
