@@ -19,12 +19,15 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from scripts.errors import ArchiveError
 
 FORMATS = ("export", "torchscript", "aoti", "onnx")
 DEFAULT_FORMAT = "export"
@@ -153,5 +156,20 @@ def verify(
             worst = max(worst, compare(model(*inputs).float(), eager(*inputs).float()))
     if worst > limit:
         path.unlink()
-        raise SystemExit(f"{path.name} differs from the eager model: {worst:.3g} > {limit:g}")
+        raise ArchiveError(f"{path.name} differs from the eager model: {worst:.3g} > {limit:g}")
     return worst
+
+
+def convert_command(doc: str | None, program_help: str, convert: Callable[[Path, str, str], Path]) -> int:
+    """The command line of models/<name>/formats.py: --program, --format, --precision -> convert()."""
+    from scripts import cli
+
+    parser = cli.parser_for(doc)
+    parser.add_argument("--program", type=Path, required=True, help=program_help)
+    parser.add_argument("--format", choices=FORMATS, required=True)
+    parser.add_argument("--precision", default="fp32")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    convert(args.program, args.format, args.precision)
+    print(f"converted in {time.perf_counter() - started:.1f}s")
+    return 0

@@ -9,8 +9,6 @@ after checking it against the eager CNN at batch sizes 1, 7 and 300 (probabiliti
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import torch
@@ -18,6 +16,7 @@ import torch
 from models import export_formats
 from models.digits.network import DigitsNet
 from models.digits.train import MAX_EXPORT_BATCH
+from scripts import cli
 
 INPUT_NAMES = ("grids",)
 OUTPUT_NAME = "probabilities"
@@ -56,16 +55,5 @@ def convert(program_path: Path, fmt: str, precision: str = "fp32") -> Path:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--program", type=Path, required=True, help="the trained digits.pt2")
-    parser.add_argument("--format", choices=export_formats.FORMATS, required=True)
-    parser.add_argument("--precision", default="fp32")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    convert(args.program, args.format, args.precision)
-    print(f"converted in {time.perf_counter() - started:.1f}s")
-
-
 if __name__ == "__main__":
-    main()
+    cli.run(lambda: export_formats.convert_command(__doc__, "the trained digits.pt2", convert))

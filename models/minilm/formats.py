@@ -11,8 +11,6 @@ bf16, 0.95 for int8, whose cost the tests measure on more sentences).
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ import torch.nn.functional as F
 
 from models import export_formats
 from models.minilm.export import MAX_EXPORT_BATCH, build_encoder, check_pipeline, source_dir
+from scripts import cli
 
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "embeddings"
@@ -95,16 +94,5 @@ def _sentence_cases(source: Path, max_seq_length: int) -> list[tuple[torch.Tenso
     return cases
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--program", type=Path, required=True, help="the exported minilm.pt2")
-    parser.add_argument("--format", choices=export_formats.FORMATS, required=True)
-    parser.add_argument("--precision", default="fp32")
-    args = parser.parse_args()
-    started = time.perf_counter()
-    convert(args.program, args.format, args.precision)
-    print(f"converted in {time.perf_counter() - started:.1f}s")
-
-
 if __name__ == "__main__":
-    main()
+    cli.run(lambda: export_formats.convert_command(__doc__, "the exported minilm.pt2", convert))

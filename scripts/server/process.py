@@ -115,10 +115,16 @@ class Server:
             env = {**os.environ, "TMPDIR": str(self._tmpdir())}
             subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
             return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process, timeout=30)
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM to the session a child was started in (start_new_session=True), SIGKILL after `timeout` s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

@@ -6,10 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import requests
 
 from scripts.errors import ServerError
 from scripts.layout import ROOT
-from scripts.server.process import free_port
+from scripts.server.process import free_port, stop_process_group
 
 MONITORING = ROOT / "monitoring"
 ALERTS = MONITORING / "alerts.yml"
@@ -103,13 +101,7 @@ def scraping(metrics_address: str, workdir: Path, interval: str = "1s", rules: P
         prometheus.wait_for('up{job="torchserve"} == 1')
         yield prometheus
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process, timeout=15)
 
 
 def _wait_ready(prometheus: Prometheus, process: subprocess.Popen, timeout: float = 30.0) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ import requests
 
 from scripts.errors import ServerError
 from scripts.layout import BUILD, ROOT
+from scripts.server.process import stop_process_group
 
 
 @contextlib.contextmanager
@@ -34,13 +34,7 @@ def running(command: list[str], health_url: str, env: dict[str, str], timeout: f
             time.sleep(0.3)
         yield process
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_process_group(process, timeout=20)
 
 
 def _healthy(url: str) -> bool:
