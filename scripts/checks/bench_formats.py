@@ -3,7 +3,7 @@
     python -m scripts.checks.bench_formats [--threads 2] [--repeats 3] [--only digits|minilm]
 
 digits: the held-out split tiled to 5,120 rows, micro-batches of 256 (max_batch_rows), labels and scores
-against the eager CNN. minilm: 256 mixed-length sentences (tests/minilm_samples.varied_sentences: 2 to
+against the eager CNN. minilm: 256 mixed-length sentences (models/minilm/samples.varied_sentences: 2 to
 256+ tokens), micro-batches of 64 sorted by length as the handler does, cosine to sentence-transformers
 (and, for int8, to the fp32 ONNX file). Rows/s is the best of `repeats` timed runs of InferenceCore.predict
 on decoded rows (no HTTP, no decoding). Builds any missing file under build/ first (AOTInductor: minutes).
