@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from handlers.decoding import Payload
-from handlers.errors import RequestError, out_of_resources
+from handlers.errors import RequestError, SettingsError, out_of_resources
 from handlers.model_files import compiled_precision, runs_under_autocast
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
@@ -64,6 +64,13 @@ class InferenceCore:
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> InferenceCore:
+        built = compiled_precision(Path(settings.model_file)) or "fp32"
+        if settings.precision == "int8" and built != "int8":
+            # int8 cannot be switched on at run time: it is the quantized file itself.
+            raise SettingsError(
+                f"handler.precision int8 is built into the model file (make archive FORMAT=onnx PRECISION=int8), "
+                f"but {settings.model_file} is {built}"
+            )
         task = build_task(settings)
         model = task.load_model(Path(model_dir) / settings.model_file, device)
         return cls(task, model, device, settings)
@@ -184,7 +191,7 @@ class InferenceCore:
             if compiled_precision(model_file) != self.settings.precision:
                 self._say_once(
                     f"{model_file.name} is a compiled file built at {compiled_precision(model_file) or 'fp32'}; "
-                    f"precision {self.settings.precision} must be built in (build_archive --precision)"
+                    f"precision {self.settings.precision} must be built in (make archive FORMAT=... PRECISION=...)"
                 )
             return contextlib.nullcontext()
         if self.device.type == "cpu" and dtype is torch.float16:

@@ -170,6 +170,14 @@ def convert_command(doc: str | None, program_help: str, convert: Callable[[Path,
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     started = time.perf_counter()
-    convert(args.program, args.format, args.precision)
+    try:
+        convert(args.program, args.format, args.precision)
+    except ValueError as error:  # an unknown format, or a precision the format cannot carry
+        raise ArchiveError(str(error)) from None
     print(f"converted in {time.perf_counter() - started:.1f}s")
     return 0
+
+
+def stale(file: Path, sources: list[Path]) -> bool:
+    """Missing, or older than what it is made from (so a changed export is not served from an old build)."""
+    return not file.exists() or any(file.stat().st_mtime < source.stat().st_mtime for source in sources)

@@ -29,16 +29,9 @@ def artifacts(version: str, build_dir: Path, fmt: str = "export", precision: str
             check=True,
         )
     model_file = out / export_formats.file_name("digits", fmt, precision)
-    if model_file != program and _stale(model_file, program):
+    if model_file != program and export_formats.stale(model_file, [program, *CODE]):
         subprocess.run(
             [sys.executable, "-m", "models.digits.formats", "--program", str(program), "--format", fmt, "--precision", precision],
             check=True,
         )
     return [model_file]
-
-
-def _stale(file: Path, program: Path) -> bool:
-    """Missing, or older than the program or the conversion code."""
-    if not file.exists():
-        return True
-    return any(file.stat().st_mtime < source.stat().st_mtime for source in [program, *CODE])

@@ -22,17 +22,12 @@ def artifacts(version: str, build_dir: Path, fmt: str = "export", precision: str
     out = build_dir / "minilm" / version
     program = out / "minilm.pt2"
     files = [program, out / "tokenizer.json"]
-    if any(_stale(file, [EXPORT_CODE]) for file in files):
+    if any(export_formats.stale(file, [EXPORT_CODE]) for file in files):
         subprocess.run([sys.executable, "-m", "models.minilm.export", "--out", str(out)], check=True)
     model_file = out / export_formats.file_name("minilm", fmt, precision)
-    if model_file != program and _stale(model_file, [program, *FORMAT_CODE]):
+    if model_file != program and export_formats.stale(model_file, [program, *FORMAT_CODE]):
         subprocess.run(
             [sys.executable, "-m", "models.minilm.formats", "--program", str(program), "--format", fmt, "--precision", precision],
             check=True,
         )
     return [model_file, files[1]]
-
-
-def _stale(file: Path, sources: list[Path]) -> bool:
-    """Missing, or older than what it is made from (so a changed export is not served from an old build)."""
-    return not file.exists() or any(file.stat().st_mtime < source.stat().st_mtime for source in sources)

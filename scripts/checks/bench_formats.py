@@ -38,11 +38,9 @@ MINILM_RUNS = DIGITS_RUNS + [("onnx", "int8")]
 
 def _core(model_file: Path, handler: dict, precision: str):
     from handlers.core import InferenceCore
-    from handlers.settings import PRECISIONS, HandlerSettings
+    from handlers.settings import HandlerSettings
 
-    # A file with its precision built in needs no run-time setting; int8 is one (see handlers/model_files.py).
-    setting = precision if precision in PRECISIONS else "fp32"
-    settings = HandlerSettings.from_yaml({"handler": {**handler, "model_file": model_file.name, "precision": setting}})
+    settings = HandlerSettings.from_yaml({"handler": {**handler, "model_file": model_file.name, "precision": precision}})
     return InferenceCore.load(model_file.parent, settings, torch.device("cpu"))
 
 

@@ -1,7 +1,7 @@
 """config.properties, read in one place: addresses, the lanes it loads, each lane's batching, request limits.
 
 The hot-swap registers a new version with exactly a lane's settings from here, so a swapped-in version
-batches like the one `make serve` loaded at start-up (DESIGN.md §4). Tests and benchmarks render a copy
+batches like the one `make serve` loaded at start-up (docs/architecture.md §4). Tests and benchmarks render a copy
 with other ports (`render`).
 """
 

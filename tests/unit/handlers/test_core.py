@@ -6,7 +6,7 @@ import torch
 
 from handlers.core import InferenceCore, StageTimes, select_device
 from handlers.decoding import Payload
-from handlers.errors import RequestError
+from handlers.errors import RequestError, SettingsError
 from models.digits.samples import grid_png, held_out
 from tests.unit.conftest import digits_settings
 
@@ -136,3 +136,8 @@ def test_inference_runs_under_inference_mode(digits_core):
 
     core_with(digits_core, Probe()).answer([instances(held_out(1)[0])])
     assert seen == [True]
+
+
+def test_int8_on_a_file_that_is_not_quantized_is_refused_at_start_up(digits_model_dir):
+    with pytest.raises(SettingsError, match="int8 is built into the model file .* but digits.pt2 is fp32"):
+        InferenceCore.load(digits_model_dir, digits_settings(precision="int8"), torch.device("cpu"))
