@@ -61,6 +61,7 @@ class InferenceCore:
         self.model = model
         self.device = device
         self.settings = settings
+        self.autocast_dtype = self._autocast_dtype()
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> InferenceCore:
@@ -179,33 +180,33 @@ class InferenceCore:
         return move(batch)
 
     def _autocast(self):
-        """bf16 autocast on CUDA or the CPU, fp16 on CUDA only, for models autocast reaches (torch.export,
-        TorchScript). Compiled files (AOTInductor, ONNX) carry their precision in the file (built from the
-        same setting, e.g. digits.bf16.aoti.pt2), as does int8: nothing to switch here. A precision that
-        cannot apply (fp16 on a CPU, bf16 asked of an fp32 compiled file) runs as the file is, said once."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        """Decided once at load: bf16 autocast on CUDA or the CPU, fp16 on CUDA only, for models autocast
+        reaches (torch.export, TorchScript). Compiled files (AOTInductor, ONNX) carry their precision in
+        the file (built from the same setting, e.g. digits.bf16.aoti.pt2), as does int8: nothing to switch
+        here. A precision that cannot apply (fp16 on a CPU, bf16 asked of an fp32 compiled file) runs as
+        the file is, with a warning."""
         dtype = AUTOCAST_DTYPES.get(self.settings.precision)
         if dtype is None:
-            return contextlib.nullcontext()
+            return None
         model_file = Path(self.settings.model_file)
         if not runs_under_autocast(model_file):
             if compiled_precision(model_file) != self.settings.precision:
-                self._say_once(
-                    f"{model_file.name} is a compiled file built at {compiled_precision(model_file) or 'fp32'}; "
-                    f"precision {self.settings.precision} must be built in (make archive FORMAT=... PRECISION=...)"
+                logger.warning(
+                    "%s is a compiled file built at %s; precision %s must be built in (make archive FORMAT=... PRECISION=...)",
+                    model_file.name,
+                    compiled_precision(model_file) or "fp32",
+                    self.settings.precision,
                 )
-            return contextlib.nullcontext()
+            return None
         if self.device.type == "cpu" and dtype is torch.float16:
-            self._say_once(f"precision fp16 is for CUDA; running {model_file.name} in fp32 on the CPU")
-            return contextlib.nullcontext()
-        if self.device.type not in ("cpu", "cuda"):
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
-
-    def _say_once(self, message: str) -> None:
-        said = self.__dict__.setdefault("_said", set())
-        if message not in said:
-            said.add(message)
-            logger.warning(message)
+            logger.warning("precision fp16 is for CUDA; running %s in fp32 on the CPU", model_file.name)
+            return None
+        return dtype if self.device.type in ("cpu", "cuda") else None
 
     def _release_memory(self) -> None:
         if self.device.type == "cuda":

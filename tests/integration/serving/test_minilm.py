@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import orjson
@@ -13,6 +12,7 @@ import pytest
 import requests
 
 from models.minilm.samples import cosines, reference_embeddings, varied_sentences
+from scripts.clients.load import send_concurrently
 from scripts.clients.rest import main as client_main
 from scripts.clients.rest import predict
 from scripts.layout import ROOT
@@ -51,9 +51,16 @@ def test_bulk_lane_embeds_one_large_request_like_sentence_transformers(minilm_se
 
 def test_stream_lane_embeds_concurrent_raw_texts_like_sentence_transformers(minilm_server):
     sentences = varied_sentences()
-    # Eight clients at a time, so TorchServe merges requests of different lengths into batches.
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda text: embed_one(minilm_server.endpoints, "minilm", text), sentences))
+    # Eight clients at a time, so TorchServe merges requests of different lengths into batches. An empty
+    # text is not a raw body (that is a 400): it goes as one instance.
+    bodies = [text.encode("utf-8") if text else orjson.dumps({"instances": [text]}) for text in sentences]
+    kinds = [TEXT if text else "application/json" for text in sentences]
+    answers = send_concurrently(minilm_server.endpoints, "minilm", bodies, kinds, clients=8)
+    assert [answer.reply.status_code for answer in answers] == [200] * len(sentences)
+    results = [
+        reply.json() if text else reply.json()["predictions"][0]
+        for text, reply in zip(sentences, (a.reply for a in answers), strict=True)
+    ]
     check_against_reference(sentences, results)
 
 
