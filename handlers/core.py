@@ -96,19 +96,18 @@ class InferenceCore:
             spans.append((index, len(rows), len(decoded)))
             rows.extend(decoded)
         stages.decode += time.perf_counter() - started
-        try:
-            results = self.predict(rows, stages) if rows else []
-        except RequestError as error:  # out of memory even one row at a time
-            results = None
-            for index, _, count in spans:
+        results = self.predict(rows, stages) if rows else []
+        regrouping = time.perf_counter()
+        for index, first, count in spans:
+            chunk = results[first : first + count]
+            failed = next((position for position, result in enumerate(chunk) if isinstance(result, RequestError)), None)
+            if failed is not None:  # a row that does not fit even alone fails its own request, no other
+                error = chunk[failed] if payloads[index].raw else chunk[failed].at_row(failed)
                 responses[index] = Response(error.code, error.to_dict(), count)
-        if results is not None:
-            regrouping = time.perf_counter()
-            for index, first, count in spans:
-                chunk = results[first : first + count]
+            else:
                 body = chunk[0] if payloads[index].raw else {"predictions": chunk}
                 responses[index] = Response(200, body, count)
-            stages.encode += time.perf_counter() - regrouping
+        stages.encode += time.perf_counter() - regrouping
         return responses  # type: ignore[return-value]
 
     def decode(self, payload: Payload) -> list[Any]:
@@ -128,34 +127,49 @@ class InferenceCore:
         """Results for `rows` in their order, run in micro-batches of at most max_batch_rows.
 
         Rows are grouped by cost (similar lengths together) and the results put back in input order.
-        A CUDA out-of-memory halves the micro-batch and retries; only one row that does not fit fails.
+        Out of device memory, a micro-batch is split in halves and each half retried, and later micro-batches
+        start at the size that fitted. A row that does not fit even alone gets an OutOfResources RequestError
+        (507) in its place in the results: only the requests holding such a row fail (answer() sees to it).
         """
         stages = stages if stages is not None else StageTimes()
         order = sorted(range(len(rows)), key=lambda i: self.task.row_cost(rows[i]))
         results: list[Any] = [None] * len(rows)
         step = self.settings.max_batch_rows
+        pending: list[list[int]] = []  # micro-batches split after an out-of-memory, run before new ones
         start = 0
-        while start < len(order):
-            chunk = order[start : start + step]
+        while pending or start < len(order):
+            if pending:
+                chunk = pending.pop()
+                if len(chunk) > step:  # split before a smaller step was learned: run it at that step
+                    pending.extend(chunk[i : i + step] for i in reversed(range(0, len(chunk), step)))
+                    continue
+            else:
+                chunk = order[start : start + step]
+                start += len(chunk)
             try:
-                outputs = self._run([rows[i] for i in chunk], stages)
+                outputs = self._run([rows[i] for i in chunk], stages, pad_to=step)
             except torch.OutOfMemoryError:
                 self._release_memory()
-                if step == 1:
-                    raise out_of_resources("out of device memory for a single row; the input is too large") from None
-                step = max(1, step // 2)
+                if len(chunk) == 1:
+                    logger.warning("out of memory for a single row (cost %d): it fails alone", self.task.row_cost(rows[chunk[0]]))
+                    results[chunk[0]] = out_of_resources("out of device memory for this row even alone; send it smaller")
+                    continue
+                half = (len(chunk) + 1) // 2
+                step = min(step, half)
                 stages.oom_splits += 1
-                logger.warning("out of memory at %d rows: retrying in micro-batches of %d", len(chunk), step)
+                logger.warning("out of memory at %d rows: retrying in micro-batches of %d", len(chunk), half)
+                pending.extend([chunk[half:], chunk[:half]])  # the first half runs first (pop from the end)
                 continue
             for i, result in zip(chunk, outputs, strict=True):
                 results[i] = result
-            start += len(chunk)
         return results
 
-    def _run(self, rows: list[Any], stages: StageTimes) -> list[Any]:
-        pad_to = self.settings.max_batch_rows if self.settings.deterministic else None
+    def _run(self, rows: list[Any], stages: StageTimes, pad_to: int) -> list[Any]:
+        # Deterministic mode pads every micro-batch to the current step (max_batch_rows until an
+        # out-of-memory halves it): the shape, hence the kernels and the result, do not depend on the
+        # other rows, and a halved step really halves the memory.
         started = time.perf_counter()
-        batch = self._to_device(self.task.collate(rows, pad_to))
+        batch = self._to_device(self.task.collate(rows, pad_to if self.settings.deterministic else None))
         collated = time.perf_counter()
         with torch.inference_mode(), self._autocast():
             outputs = self.task.forward(self.model, batch)

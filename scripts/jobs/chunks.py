@@ -1,10 +1,10 @@
 """One chunk of rows -> one RowResult per row: retries for failures of the server, isolation for bad rows.
 
 - No answer, or a 5xx (queue full 503, a worker that died 500): the same chunk again after a backoff.
-- A 4xx whose message starts `instances[<i>]: ` (the handler names the first row it could not decode):
-  that row gets the error, the rest of the chunk is sent again without it.
-- Any other 4xx, or 507 (out of memory even one row at a time): the chunk is halved until the rows
-  that fail on their own are found.
+- A 4xx, or a 507, whose message starts `instances[<i>]: ` (the handler names the first row it could not
+  decode, or a row that does not fit in device memory even alone): that row gets the error, the rest of the
+  chunk is sent again without it.
+- Any other 4xx or 507: the chunk is halved until the rows that fail on their own are found.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _predictions(rows: list[Row], body: Any) -> dict[int, RowResult]:
 
 
 def _located_row(reply: Reply, size: int) -> tuple[int, str] | None:
-    if not 400 <= reply.status < 500:
+    if not (400 <= reply.status < 500 or reply.status == OUT_OF_RESOURCES):
         return None
     match = ROW_ERROR.match(_message(reply))
     if match is None or int(match.group(1)) >= size:

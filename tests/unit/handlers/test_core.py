@@ -12,7 +12,8 @@ from tests.unit.conftest import digits_settings
 
 
 class RecordingModel(torch.nn.Module):
-    """The real model, remembering the batch sizes it saw and running out of memory above `fits` rows."""
+    """The real model, remembering the batch sizes it saw and raising torch's real OutOfMemoryError above `fits`
+    rows, or whenever a batch holds a row whose pixels are all `MARK` (a row too large to fit even alone)."""
 
     def __init__(self, model, fits: int | None = None):
         super().__init__()
@@ -22,7 +23,13 @@ class RecordingModel(torch.nn.Module):
         self.sizes.append(batch.shape[0])
         if self.fits is not None and batch.shape[0] > self.fits:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        if (batch == MARK).flatten(1).all(dim=1).any():
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated, marked row)")
         return self.model(batch)
+
+
+MARK = 13.0  # a digit grid never has every pixel at 13
+MARKED = [[MARK] * 8] * 8
 
 
 def instances(grids) -> Payload:
@@ -110,14 +117,66 @@ def test_stage_times_cover_every_stage_and_forward_pass(digits_core):
     assert all(value > 0 for value in (stages.decode, stages.collate, stages.forward, stages.encode))
 
 
-def test_a_row_that_never_fits_is_a_507_for_its_batch_and_the_core_keeps_working(digits_core):
+def test_a_row_that_never_fits_is_a_507_for_its_own_request_and_the_core_keeps_working(digits_core):
     model = RecordingModel(digits_core.model, fits=0)
     core = core_with(digits_core, model, max_batch_rows=4)
     responses = core.answer([instances(held_out(2)[0]), RequestError("bad")])
     assert [r.status for r in responses] == [507, 400]
-    assert responses[0].body["type"] == "OutOfResources"
+    assert responses[0].body == {
+        "code": 507,
+        "type": "OutOfResources",
+        "message": "instances[0]: out of device memory for this row even alone; send it smaller",
+    }
     model.fits = None
     assert core.answer([instances(held_out(2)[0])])[0].status == 200
+
+
+def test_only_the_requests_holding_a_row_that_cannot_fit_fail_the_others_of_the_call_are_answered(digits_core):
+    grids, labels = held_out(12)
+    model = RecordingModel(digits_core.model)
+    core = core_with(digits_core, model, max_batch_rows=8)
+    payloads = [
+        instances(grids[:3]),
+        Payload(items=[grids[3].tolist(), MARKED, grids[4].tolist()], raw=False),  # row 1 never fits
+        Payload(items=[grid_png(grids[5])], raw=True),
+        Payload(items=[MARKED], raw=False),
+        instances(grids[6:]),
+    ]
+    stages = StageTimes()
+    responses = core.answer(payloads, stages)
+    assert [r.status for r in responses] == [200, 507, 200, 507, 200]
+    assert responses[1].body["message"].startswith("instances[1]: out of device memory for this row even alone")
+    assert responses[3].body["message"].startswith("instances[0]: out of device memory")
+    assert [p["label"] for p in responses[0].body["predictions"]] == labels[:3].tolist()
+    assert responses[2].body["label"] == labels[5]
+    assert [p["label"] for p in responses[4].body["predictions"]] == labels[6:].tolist()
+    # 14 rows at 8: the first micro-batch holds both marked rows and is bisected down to them; every good row
+    # ran, each marked row failed alone, and later micro-batches ran at the size that fitted.
+    assert sum(stages.forward_rows) == 12 and stages.oom_splits >= 2
+    assert model.sizes[0] == 8 and model.sizes.count(1) >= 2
+
+
+def test_deterministic_mode_pads_to_the_current_step_so_a_split_really_shrinks_the_batch(digits_core):
+    grids, _ = held_out(20)
+    model = RecordingModel(digits_core.model, fits=4)
+    core = core_with(digits_core, model, max_batch_rows=16, deterministic=True)
+    [response] = core.answer([instances(grids)])
+    # padded to 16, then 8, then 4 (not back to max_batch_rows, which could never fit)
+    assert model.sizes[:3] == [16, 8, 4] and set(model.sizes[3:]) == {4}
+    reference = core_with(digits_core, digits_core.model, max_batch_rows=4, deterministic=True)
+    [expected] = reference.answer([instances(grids)])
+    assert response.status == 200 and response.body == expected.body  # bitwise: same padded shape
+
+
+def test_a_split_batch_learns_the_size_that_fits_for_the_rest_of_the_call(digits_core):
+    grids, _ = held_out(40)
+    model = RecordingModel(digits_core.model, fits=5)
+    core = core_with(digits_core, model, max_batch_rows=16)
+    stages = StageTimes()
+    [response] = core.answer([instances(grids)], stages)
+    assert response.status == 200 and len(response.body["predictions"]) == 40
+    assert model.sizes[:3] == [16, 8, 4]  # 16 -> 8 -> 4 fits; then nothing above 4 is tried again
+    assert max(model.sizes[3:]) == 4 and stages.oom_splits == 2 and sum(stages.forward_rows) == 40
 
 
 def test_cpu_is_chosen_without_cuda():

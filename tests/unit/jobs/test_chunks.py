@@ -76,6 +76,27 @@ def test_an_error_that_names_no_row_halves_the_chunk_until_the_row_is_found():
     assert results[2].error["code"] == 507 and "single row" in results[2].error["message"]
 
 
+def test_a_507_that_names_its_row_fails_that_row_and_resends_the_rest_once():
+    class MemoryLane(FakeLane):
+        def send(self, instances):
+            self.calls.append(list(instances))
+            if 13 in instances:
+                position = instances.index(13)
+                message = f"instances[{position}]: out of device memory for this row even alone; send it smaller"
+                return Reply(507, {"code": 507, "type": "OutOfResources", "message": message})
+            return Reply(200, {"predictions": [2 * item for item in instances]})
+
+    lane = MemoryLane()
+    results = run_chunk(lane.send, rows(1, 2, 13, 4), NO_WAIT)
+    assert lane.calls == [[1, 2, 13, 4], [1, 2, 4]]
+    assert [r.prediction for r in results] == [2, 4, None, 8]
+    assert results[2].error == {
+        "code": 507,
+        "type": "OutOfResources",
+        "message": "out of device memory for this row even alone; send it smaller",
+    }
+
+
 def test_failures_of_the_server_are_retried_then_succeed():
     lane = FakeLane(failures=[TransientError("connection refused"), 503])
     results = run_chunk(lane.send, rows(1, 2), NO_WAIT)
