@@ -26,7 +26,8 @@ from models.digits.samples import digit_rows, write_jsonl
 from scripts.clients.load import Answer, send_concurrently
 from scripts.clients.rest import NO_WORKER, predict
 from scripts.clients.rest import main as rest_main
-from scripts.jobs.batch_job import JobConfig, JobSummary, run_job
+from scripts.jobs.batch_job import EXIT_OK, JobConfig, JobSummary, run_job
+from scripts.jobs.batch_job import main as batch_job_main
 from scripts.jobs.chunks import RetryPolicy
 from scripts.jobs.outputs import read_results
 from scripts.jobs.runners import JobError
@@ -103,11 +104,16 @@ def job_config(fault_server: FaultServer, tmp_path, notify: Callable[[str], None
 
 
 def check_job(summary: JobSummary, tmp_path) -> None:
-    """Exactly one result per row, in input order, and the right labels."""
     assert (summary.predicted, summary.failed) == (len(ROWS.labels), 0)
+    check_results(tmp_path)
+
+
+def check_results(tmp_path) -> int:
+    """Exactly one result per row, in input order, and the right labels."""
     results = read_results(tmp_path / "out.jsonl")
     assert [r["id"] for r in results] == [f"digit-{n}" for n in range(len(ROWS.labels))]
     assert np.mean([r["prediction"]["label"] for r in results] == np.array(ROWS.labels)) >= 0.97
+    return len(results)
 
 
 def open_request(fault_server: FaultServer, lane: str, sent: int | None = None) -> socket.socket:
@@ -260,19 +266,24 @@ def test_a_forward_that_hangs_past_response_timeout_is_cut_off_and_its_worker_re
     )
 
 
-def test_the_frontend_restarted_under_a_batch_job(fault_server, tmp_path):
-    told: list[str] = []
+def test_the_frontend_restarted_under_a_batch_job(fault_server, tmp_path, capsys):
     keys = fault_server.endpoints.key_file.read_text()
+    args = [
+        *("--model", "digits", "--input", str(write_jsonl(tmp_path / "rows.jsonl", ROWS))),
+        *("--output", str(tmp_path / "out.jsonl"), "--chunk-size", "25", "--concurrency", "2", "--retry-for", "600"),
+        *("--config", str(fault_server.server.config), "--key-file", str(fault_server.endpoints.key_file), "--no-progress"),
+    ]
     with fault_server.stalled("digits-bulk") as stall, ThreadPoolExecutor(1) as pool:
-        job = pool.submit(run_job, job_config(fault_server, tmp_path, told.append))
+        job = pool.submit(batch_job_main, args)  # the command, as a user runs it
         stall.pid()  # a chunk of the job is mid-batch: the stop cuts it off
         stopped = time.monotonic()
         fault_server.server.restart(LANES)
         restarted = time.monotonic() - stopped
-        summary = job.result(timeout=JOB_TIMEOUT)
+        assert job.result(timeout=JOB_TIMEOUT) == EXIT_OK
         job_done = time.monotonic() - stopped
-    check_job(summary, tmp_path)
-    assert told and all("no answer from" in line or "HTTP 5" in line for line in told)
+    told = [line.removeprefix("retrying ") for line in capsys.readouterr().err.splitlines() if line.startswith("retrying ")]
+    rows = check_results(tmp_path)
+    assert told and all(_cause(line) == "no answer" or _cause(line).startswith("HTTP 5") for line in told)
     assert fault_server.endpoints.key_file.read_text() != keys  # new tokens, picked up by the job
     for lane in LANES:
         answers_correctly(fault_server, lane)
@@ -280,7 +291,7 @@ def test_the_frontend_restarted_under_a_batch_job(fault_server, tmp_path):
         "frontend restart",
         job_retries=len(told),
         retry_causes=dict(Counter(_cause(line) for line in told)),
-        job_rows=summary.predicted,
+        job_rows=rows,
         lanes_ready_after_s=round(restarted, 1),
         job_done_after_s=round(job_done, 1),
     )
