@@ -34,8 +34,8 @@ JOB_STATUSES = {
 }
 # Worth another try like a 5xx: the server is busy or slow, the rows may be fine.
 BUSY_STATUSES = {408, 429}
-# TorchServe's answer for the requests of a worker that died mid-batch: 500, or 507 when the worker was
-# SIGKILLed (it takes exit status 137 for the kernel's OOM killer). The handler's own 507 says otherwise.
+# TorchServe's answer for the requests of a worker that died mid-batch: 500, or 507 when the worker exited
+# with status 137 (SIGKILL, what the kernel's OOM killer sends). The handler's own 507 says otherwise.
 WORKER_DIED = "Worker died."
 
 
@@ -44,8 +44,8 @@ class RetryPolicy:
     """Retries of a chunk the server failed: exponential backoff with jitter, until `patience` seconds have
     passed since the chunk's first failure (or after `attempts` tries, when set); then the job stops.
 
-    The default patience outlasts a TorchServe restart: 80 s from stop to answers on this project's 2-core
-    machine while five other jobs shared it (docs/hardening.md, Faults)."""
+    The default patience outlasts a TorchServe restart: 89 s and 104 s from stop to ready lanes on this
+    project's 2-core machine while other jobs kept it busy (load average 15-20; docs/hardening.md, Faults)."""
 
     patience: float = 300.0
     first_delay: float = 0.5
