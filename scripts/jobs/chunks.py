@@ -44,14 +44,14 @@ class RetryPolicy:
     """Retries of a chunk the server failed: exponential backoff with jitter, until `patience` seconds have
     passed since the chunk's first failure (or after `attempts` tries, when set); then the job stops.
 
-    The default patience outlasts a TorchServe restart: 89 s and 104 s from stop to ready lanes on this
-    project's 2-core machine while other jobs kept it busy (load average 15-20; docs/hardening.md, Faults)."""
+    The default patience outlasts a TorchServe restart: 89 s to 116 s from stop to ready lanes on this
+    project's 2-core machine while other jobs kept it busy (load average 15-24; docs/hardening.md, Faults)."""
 
     patience: float = 300.0
     first_delay: float = 0.5
     max_delay: float = 10.0
     attempts: int | None = None
-    # Told each retry as one line ("rows 1..20: queue full (job_queue_size=6); try 2 in 0.8s"); the command
+    # Told each retry as one line ("rows 1..20: HTTP 503: queue full (job_queue_size=6); try 2 in 0.8s"); the command
     # prints it, tests count them.
     notify: Callable[[str], None] | None = None
 
