@@ -4,7 +4,7 @@
     python -m scripts.clients.rest --model digits-bulk tests/fixtures/digits_instances.json
     python -m scripts.clients.rest --model minilm --text "a sentence"
 
-Exits non-zero (and prints the server's error) when the answer is not 200.
+Exits non-zero (and prints the server's error) when the answer is not 200; a 503 from a full queue says so.
 """
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ from pathlib import Path
 import requests
 
 from scripts import cli
+from scripts.errors import ConfigError
 from scripts.layout import JSON
+from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
+
+# TorchServe 0.12 answers 503 'Model "<lane>" has no worker to serve inference request. Please use scale workers
+# API to add workers. ...' both when the lane's queue already holds job_queue_size requests and when the lane has
+# no worker at all (starting up, scaled to 0): docs/hardening.md, Faults.
+NO_WORKER = "has no worker to serve inference request"
 
 
 def content_type(path: Path) -> str:
@@ -41,6 +48,26 @@ def predict(
     keep the connection open across many calls (batch jobs)."""
     headers = {**endpoints.auth("inference"), "Content-Type": kind}
     return (session or requests).post(endpoints.prediction_url(model, version), data=body, headers=headers, timeout=timeout)
+
+
+def unavailable_reason(endpoints: Endpoints, lane: str, reply: requests.Response, job_queue_size: int) -> str | None:
+    """What TorchServe's 'no worker' 503 means for `lane`, told apart by asking the management API whether the
+    lane has workers; None for any other answer."""
+    if reply.status_code != 503 or NO_WORKER not in reply.text:
+        return None
+    workers = _worker_count(endpoints, lane)
+    if workers == 0:
+        return f"{lane} has no worker (starting up, or scaled to 0 workers)"
+    full = f"queue full (job_queue_size={job_queue_size})"
+    return full if workers else f"{full}, or {lane} has no worker yet"
+
+
+def _worker_count(endpoints: Endpoints, lane: str) -> int | None:
+    try:
+        reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=5)
+        return sum(len(version.get("workers", [])) for version in reply.json()) if reply.status_code == 200 else None
+    except (requests.RequestException, ValueError, ConfigError):
+        return None  # no management API here, or no management key: the reply alone cannot tell
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(reply.text)
     if reply.status_code != 200:
-        print(f"error: HTTP {reply.status_code} from {endpoints.prediction_url(args.model, args.version)}", file=sys.stderr)
+        reason = unavailable_reason(endpoints, args.model, reply, ServerConfig.read(args.config).job_queue_size)
+        where = endpoints.prediction_url(args.model, args.version)
+        print(f"error: HTTP {reply.status_code} from {where}" + (f": {reason}" if reason else ""), file=sys.stderr)
         return 1
     return 0
 

@@ -131,7 +131,9 @@ def _runner(config: JobConfig):
         return InProcessRunner(load_core(archive), archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
-    return ServerRunner(endpoints, config.lane or f"{config.model}-bulk", ServerConfig.read(config.config).max_request_size)
+    server = ServerConfig.read(config.config)
+    lane = config.lane or f"{config.model}-bulk"
+    return ServerRunner(endpoints, lane, server.max_request_size, job_queue_size=server.job_queue_size)
 
 
 def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, config: JobConfig) -> None:
@@ -182,6 +184,13 @@ def parse_args(argv: list[str] | None) -> JobConfig:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--chunk-size", type=int, default=JobConfig.chunk_size, help="rows per request (default %(default)s)")
     parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency, help="requests in flight (default %(default)s)")
+    parser.add_argument(
+        "--retry-for",
+        type=float,
+        default=RetryPolicy.patience,
+        metavar="SECONDS",
+        help="retry a chunk the server fails (no answer, 5xx) for up to this long, then stop (default %(default)s)",
+    )
     cli.add_server_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -201,7 +210,12 @@ def parse_args(argv: list[str] | None) -> JobConfig:
         config=args.config,
         key_file=args.key_file,
         progress_bar=not args.no_progress,
+        retry=RetryPolicy(patience=args.retry_for, notify=_print_retry),
     )
+
+
+def _print_retry(line: str) -> None:
+    tqdm.write(f"retrying {line}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
 """One chunk of rows -> one RowResult per row: retries for failures of the server, isolation for bad rows.
 
-- No answer, or a 5xx (queue full 503, a worker that died 500): the same chunk again after a backoff.
-- A 4xx, or a 507, whose message starts `instances[<i>]: ` (the handler names the first row it could not
-  decode, or a row that does not fit in device memory even alone): that row gets the error, the rest of the
-  chunk is sent again without it.
+- No answer (connection refused or reset: a server restarting), a 5xx (queue full 503, a worker that died
+  500, or TorchServe's 507 "Worker died." when it was SIGKILLed), 408 or 429: the same chunk again after a
+  backoff, for up to RetryPolicy.patience seconds from its first failure, then a JobError (the job is resumable).
+- A 4xx, or the handler's 507, whose message starts `instances[<i>]: ` (the handler names the first row it
+  could not decode, or a row that does not fit in device memory even alone): that row gets the error, the rest
+  of the chunk is sent again without it.
 - Any other 4xx or 507: the chunk is halved until the rows that fail on their own are found.
 """
 
@@ -32,17 +34,33 @@ JOB_STATUSES = {
 }
 # Worth another try like a 5xx: the server is busy or slow, the rows may be fine.
 BUSY_STATUSES = {408, 429}
+# TorchServe's answer for the requests of a worker that died mid-batch: 500, or 507 when the worker exited
+# with status 137 (SIGKILL, what the kernel's OOM killer sends). The handler's own 507 says otherwise.
+WORKER_DIED = "Worker died."
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 6
+    """Retries of a chunk the server failed: exponential backoff with jitter, until `patience` seconds have
+    passed since the chunk's first failure (or after `attempts` tries, when set); then the job stops.
+
+    The default patience outlasts a TorchServe restart: 89 s to 116 s from stop to ready lanes on this
+    project's 2-core machine while other jobs kept it busy (load average 15-24; docs/hardening.md, Faults)."""
+
+    patience: float = 300.0
     first_delay: float = 0.5
-    max_delay: float = 30.0
+    max_delay: float = 10.0
+    attempts: int | None = None
+    # Told each retry as one line ("rows 1..20: HTTP 503: queue full (job_queue_size=6); try 2 in 0.8s"); the command
+    # prints it, tests count them.
+    notify: Callable[[str], None] | None = None
 
     def delay(self, attempt: int) -> float:
         # Exponential with jitter, so concurrent chunks that failed together do not retry in lockstep.
         return min(self.max_delay, self.first_delay * 2**attempt) * random.uniform(0.5, 1.0)
+
+    def exhausted(self, tries: int, waited: float) -> bool:
+        return waited >= self.patience or (self.attempts is not None and tries >= self.attempts)
 
 
 def run_chunk(send: Send, rows: list[Row], retry: RetryPolicy) -> list[RowResult]:
@@ -72,24 +90,39 @@ def run_chunk(send: Send, rows: list[Row], retry: RetryPolicy) -> list[RowResult
 
 
 def send_with_retry(send: Send, rows: list[Row], retry: RetryPolicy) -> Reply:
-    last = ""
-    for attempt in range(retry.attempts):
-        if attempt:
-            time.sleep(retry.delay(attempt - 1))
+    span = f"rows {rows[0].index + 1}..{rows[-1].index + 1}"
+    first_failure: float | None = None
+    tries = 0
+    while True:
+        tries += 1
         try:
             reply = send([row.instance for row in rows])
         except TransientError as error:
             last = str(error)
-            continue
-        if reply.status in JOB_STATUSES:
-            raise JobError(f"HTTP {reply.status} for a chunk: {_message(reply)} ({JOB_STATUSES[reply.status]})")
-        if (reply.status < 500 and reply.status not in BUSY_STATUSES) or reply.status == OUT_OF_RESOURCES:
-            return reply
-        last = f"HTTP {reply.status}: {_message(reply)}"
-    raise JobError(
-        f"rows {rows[0].index + 1}..{rows[-1].index + 1} failed {retry.attempts} times, last with {last}; "
-        "the rows before them are saved: fix the cause and rerun with --resume"
-    )
+        else:
+            if reply.status in JOB_STATUSES:
+                raise JobError(f"HTTP {reply.status} for a chunk: {_message(reply)} ({JOB_STATUSES[reply.status]})")
+            if not _server_failed(reply):
+                return reply
+            last = f"HTTP {reply.status}: {_message(reply)}"
+        now = time.monotonic()
+        first_failure = now if first_failure is None else first_failure
+        if retry.exhausted(tries, now - first_failure):
+            raise JobError(
+                f"{span} failed {tries} times in {now - first_failure:.0f}s (retried for up to {retry.patience:.0f}s), "
+                f"last with {last}; the rows before them are saved: fix the cause and rerun with --resume"
+            )
+        delay = retry.delay(tries - 1)
+        if retry.notify is not None:
+            retry.notify(f"{span}: {last}; try {tries + 1} in {delay:.1f}s")
+        time.sleep(delay)
+
+
+def _server_failed(reply: Reply) -> bool:
+    """A failure of the server, not of the rows: the same chunk may well succeed later."""
+    if reply.status == OUT_OF_RESOURCES:
+        return _message(reply) == WORKER_DIED
+    return reply.status >= 500 or reply.status in BUSY_STATUSES
 
 
 def _predictions(rows: list[Row], body: Any) -> dict[int, RowResult]:

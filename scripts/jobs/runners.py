@@ -19,8 +19,9 @@ import torch
 from handlers.core import InferenceCore, select_device
 from handlers.decoding import Payload
 from scripts.archive.reader import MarFile
-from scripts.clients.rest import predict
+from scripts.clients.rest import predict, unavailable_reason
 from scripts.errors import ScriptError
+from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
 from scripts.server.endpoints import Endpoints
 
 
@@ -37,7 +38,7 @@ CHUNK_TYPE = "application/vnd.instances+json"
 
 
 class TransientError(Exception):
-    """The chunk did not get an answer (connection refused or reset, timeout): worth another try."""
+    """The chunk did not get an answer (connection refused or reset, a server restarting, timeout): worth another try."""
 
 
 class JobError(ScriptError):
@@ -68,11 +69,19 @@ def encode_chunk(instances: list[Any], limit: int) -> bytes:
 class ServerRunner:
     """POSTs chunks as {"instances": [...]} to a lane; one keep-alive session per worker thread."""
 
-    def __init__(self, endpoints: Endpoints, lane: str, size_limit: int, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        lane: str,
+        size_limit: int,
+        timeout: float = 600.0,
+        job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE,
+    ) -> None:
         self.endpoints = endpoints
         self.lane = lane
         self.size_limit = size_limit
         self.timeout = timeout
+        self.job_queue_size = job_queue_size
         self._local = threading.local()
 
     @property
@@ -92,6 +101,9 @@ class ServerRunner:
             parsed = orjson.loads(reply.content)
         except orjson.JSONDecodeError:
             parsed = {"message": reply.text[:500]}
+        reason = unavailable_reason(self.endpoints, self.lane, reply, self.job_queue_size)
+        if reason is not None:  # TorchServe's own words would send the user looking for missing workers
+            parsed = {"code": 503, "type": "ServiceUnavailable", "message": reason}
         return Reply(reply.status_code, parsed)
 
     def _session(self) -> requests.Session:

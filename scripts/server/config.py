@@ -16,8 +16,9 @@ from scripts.layout import CONFIG, ROOT
 
 BULK_SUFFIX = "-bulk"
 REQUIRED_LANE_KEYS = ("batchSize", "maxBatchDelay", "responseTimeout", "minWorkers")
-# TorchServe's own default when config.properties leaves max_request_size out.
+# TorchServe's own defaults when config.properties leaves max_request_size / job_queue_size out.
 DEFAULT_MAX_REQUEST_SIZE = 6_553_500
+DEFAULT_JOB_QUEUE_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,11 @@ class ServerConfig:
     @property
     def max_request_size(self) -> int:
         return int(self.get("max_request_size", str(DEFAULT_MAX_REQUEST_SIZE)))
+
+    @property
+    def job_queue_size(self) -> int:
+        """Requests each lane queues before TorchServe answers 503 (per model version)."""
+        return int(self.get("job_queue_size", str(DEFAULT_JOB_QUEUE_SIZE)))
 
     @property
     def model_store(self) -> Path:

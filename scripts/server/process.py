@@ -104,11 +104,20 @@ class Server:
         endpoints = self.endpoints
         try:
             reply = requests.get(f"{endpoints.management}/models/{model}", headers=endpoints.auth("management"), timeout=5)
-        except (requests.ConnectionError, ConfigError):
-            return False  # not listening yet, or key_file.json not (fully) written yet
+        except (requests.ConnectionError, requests.Timeout, ConfigError):
+            return False  # not listening yet, too busy starting to answer, or key_file.json not (fully) written yet
         if reply.status_code != 200:
             return False
         return any(worker.get("status") == "READY" for version in reply.json() for worker in version.get("workers", []))
+
+    def restart(self, models: list[str], timeout: float = 180.0) -> None:
+        """Stop this foreground server and start it again on the same ports, config and model store (it writes
+        new tokens into the same key_file.json); returns once `models` are ready."""
+        if self.process is None:
+            raise ServerError("only a server started here in the foreground (a test server) can be restarted")
+        stop_process_group(self.process, timeout=30, whole_group=True)
+        self.process = self.start(foreground=True)
+        self.wait_ready(models, timeout, self.process)
 
     def stop(self, process: subprocess.Popen | None = None) -> None:
         if process is None:
@@ -118,13 +127,34 @@ class Server:
         stop_process_group(process, timeout=30)
 
 
-def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM to the session a child was started in (start_new_session=True), SIGKILL after `timeout` s."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+def stop_process_group(process: subprocess.Popen, timeout: float, whole_group: bool = False) -> None:
+    """SIGTERM to the session a child was started in (start_new_session=True), SIGKILL after `timeout` s.
+
+    `whole_group`: also wait until every process of the session is gone, not only the child. TorchServe's
+    launcher exits at once while its JVM still holds the ports and the pid file a moment longer: a server
+    started again on the same ports and folder before then refuses to start ("already running")."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    if whole_group:
+        _wait_group_gone(process.pid, timeout)
+
+
+def _wait_group_gone(group: int, timeout: float) -> None:
+    """Poll until no process of the session is left; SIGKILL it after `timeout` s, give up 10 s later."""
+    deadline, killed = time.monotonic() + timeout, False
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            if killed:
+                raise ServerError(f"processes of session {group} are still there {timeout + 10:.0f}s after SIGTERM")
+            os.killpg(group, signal.SIGKILL)
+            deadline, killed = time.monotonic() + 10, True
+        time.sleep(0.1)

@@ -33,7 +33,7 @@ def serving_in(
         server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
         yield server
     finally:
-        server.stop(process)
+        server.stop(server.process)  # the one running now: a test may have restarted it
 
 
 @contextlib.contextmanager

@@ -106,9 +106,36 @@ def test_failures_of_the_server_are_retried_then_succeed():
 
 def test_a_chunk_that_keeps_failing_stops_the_job_with_a_resume_hint():
     lane = FakeLane(failures=[503, 500, TransientError("reset")])
-    with pytest.raises(JobError, match=r"rows 1..2 failed 3 times, last with reset") as error:
+    with pytest.raises(JobError, match=r"rows 1..2 failed 3 times in 0s \(retried for up to 300s\), last with reset") as error:
         run_chunk(lane.send, rows(1, 2), NO_WAIT)
     assert "--resume" in str(error.value)
+
+
+def test_a_worker_that_died_is_retried_but_the_handlers_out_of_memory_halves_the_chunk():
+    died = Reply(507, {"code": 507, "type": "InternalServerException", "message": "Worker died."})
+    answers = [died, died]
+
+    def send(instances):
+        return answers.pop(0) if answers else Reply(200, {"predictions": [2 * item for item in instances]})
+
+    results = run_chunk(send, rows(1, 2, 3), NO_WAIT)
+    assert [r.prediction for r in results] == [2, 4, 6] and answers == []
+
+
+def test_retries_go_on_for_the_stated_patience_then_stop_the_job_naming_the_last_failure():
+    told: list[str] = []
+    calls = []
+
+    def send(instances):
+        calls.append(instances)
+        return Reply(503, {"code": 503, "type": "ServiceUnavailable", "message": "queue full (job_queue_size=6)"})
+
+    policy = RetryPolicy(patience=0.2, first_delay=0.01, max_delay=0.02, notify=told.append)
+    stated = r"rows 1..2 failed \d+ times in 0s \(retried for up to 0s\), last with HTTP 503: queue full"
+    with pytest.raises(JobError, match=stated):
+        run_chunk(send, rows(1, 2), policy)
+    assert len(calls) >= 5 and len(told) == len(calls) - 1
+    assert told[0].startswith("rows 1..2: HTTP 503: queue full (job_queue_size=6); try 2 in ")
 
 
 def test_a_bad_token_stops_the_job_instead_of_failing_every_row():
