@@ -147,10 +147,6 @@ def token_refused(reply: requests.Response) -> bool:
     return isinstance(body, dict) and body.get("type") == INVALID_KEY
 
 
-def read_token(key_file: Path, kind: str) -> str:
-    return read_key(key_file, kind).value
-
-
 def read_key(key_file: Path, kind: str, fresh: bool = False) -> Key:
     """The `kind` entry ('inference', 'management' or 'API') of TorchServe's key_file.json.
 
