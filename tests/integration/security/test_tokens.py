@@ -24,6 +24,7 @@ from scripts.jobs.inputs import Row
 from scripts.jobs.runners import ServerRunner
 from scripts.layout import JSON
 from scripts.server.endpoints import Endpoints, read_key
+from scripts.server.endpoints import main as endpoints_command
 from scripts.swap.gates import gate_for
 from scripts.swap.hot_swap import Swapper
 from scripts.swap.management import ManagementApi
@@ -117,7 +118,7 @@ def test_grpc_inference_and_management_refuse_a_bad_token(digits_server, grpc_ca
     assert "digits" in grpc_calls["management"](bearer(current["management"])).msg
 
 
-def test_only_the_api_key_rotates_keys(digits_server):
+def test_only_the_api_key_rotates_keys(digits_server, capsys):
     e = digits_server.endpoints
     before = keys(e)
     reply = requests.get(
@@ -125,8 +126,11 @@ def test_only_the_api_key_rotates_keys(digits_server):
     )
     assert reply.status_code == 400 and reply.json()["message"] == TOKEN_API_REFUSAL
     assert keys(e) == before
-    assert e.rotate("inference") != before["inference"]
+    server_options = ["--config", str(digits_server.server.config), "--key-file", str(e.key_file)]
+    assert endpoints_command(["rotate", "inference", *server_options]) == 0
+    assert capsys.readouterr().out.startswith(f"new inference key in {e.key_file} (valid until ")
     after = keys(e)
+    assert after["inference"] != before["inference"]
     assert after["management"] == before["management"] and after["API"] == before["API"]
     old = requests.post(
         e.prediction_url("digits"), data=b"{}", headers={"Content-Type": JSON, **bearer_header(before["inference"])}, timeout=30
