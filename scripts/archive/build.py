@@ -9,6 +9,7 @@ and `handler.precision`; the archived model-config.yaml names the built file in 
 
 The archive holds the handler entry point at its root, the `handlers` package, the model's
 model-config.yaml and the files its models/<model>/archive.py produces (trained and exported here).
+Its sha256 goes next to it, in <archive>.mar.sha256, which registering checks (scripts/archive/reader.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import cli
+from scripts.archive.reader import DIGEST_SUFFIX, MarFile
 from scripts.errors import ArchiveError
 from scripts.layout import BUILD, MODEL_STORE, ROOT
 
@@ -112,7 +114,9 @@ def build(
         # The manifest keeps the model's own name; only the file name carries the version.
         target = model_store / f"{name}.mar"
         shutil.move(Path(staging) / f"{model}.mar", target)
+    digest = MarFile(target).record_digest()
     print(f"built {target} ({target.stat().st_size / 1e6:.1f} MB, {model} version {version}, {fmt} {precision}: {files[0].name})")
+    print(f"  sha256 {digest} recorded in {target.name}{DIGEST_SUFFIX} (registering checks it)")
     return target
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
 from scripts.errors import ArchiveError
 from scripts.layout import MODEL_STORE
@@ -57,9 +58,10 @@ def add_sequence_lane(endpoints: Endpoints, model_store: Path, model: str = "dig
     source = model_store / f"{model}.mar"
     if not source.exists():
         raise ArchiveError(f"{source} is missing: run `make archive` first")
+    MarFile(source).verify_digest()  # the variant gets a digest of its own: its source must be a built archive
     lane = lane_name(model)
     write_sequence_archive(source, model_store / f"{lane}.mar")
-    ManagementApi(endpoints).register(lane, f"{lane}.mar", LANE)
+    ManagementApi(endpoints).register(lane, model_store / f"{lane}.mar", LANE)
     return lane
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from handlers.settings import HandlerSettings
 from scripts import cli
-from scripts.archive.reader import MODEL_CONFIG
+from scripts.archive.reader import MODEL_CONFIG, MarFile
 
 
 def write_variant(source: Path, target: Path, handler: dict[str, Any], top: dict[str, Any] | None = None) -> Path:
@@ -31,6 +31,7 @@ def write_variant(source: Path, target: Path, handler: dict[str, Any], top: dict
                 data = _changed_config(data, handler, top or {})
             new.writestr(entry, data)
     os.replace(temporary, target)
+    MarFile(target).record_digest()  # registering checks it; callers that register check the source's first
     return target
 
 

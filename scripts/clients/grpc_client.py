@@ -4,7 +4,8 @@
     python -m scripts.clients.grpc_client --model digits --repeat 100 tests/fixtures/digit_7.png   # one stream
     python -m scripts.clients.grpc_client --model digits-seq --stream2 --repeat 100 tests/fixtures/digit_7.png
 
-The inference token travels in the call metadata ("authorization: Bearer <key>"). A request the handler
+The inference token travels in the call metadata ("authorization: Bearer <key>"), read per call; a call
+refused for its token (expired or rotated meanwhile) is sent once more with a fresh one. A request the handler
 refuses comes back over gRPC as a normal reply whose body is the REST error JSON (TorchServe's gRPC path
 drops the per-request status that REST turns into a 4xx), so this client recognises that body and raises
 PredictionError with its message, as REST clients get a 4xx.
@@ -31,7 +32,7 @@ import grpc
 from handlers.errors import RequestError
 from scripts import cli
 from scripts.errors import ScriptError
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import REFUSED_MESSAGE, Endpoints
 
 try:
     from scripts.clients.grpc_stubs import inference_pb2, inference_pb2_grpc
@@ -80,6 +81,15 @@ def result_of(body: bytes) -> Any:
     return json.loads(body)
 
 
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def token_refused(error: grpc.RpcError) -> bool:
+    """TorchServe's refusal of a missing, wrong or expired token (PERMISSION_DENIED, its REST message)."""
+    return error.code() == grpc.StatusCode.PERMISSION_DENIED and REFUSED_MESSAGE in (error.details() or "")
+
+
 def rpc_error(error: grpc.RpcError) -> PredictionError:
     details = (error.details() or "").splitlines()
     return PredictionError(details[0] if details else "no details from the server", error.code().name, "GrpcError")
@@ -89,10 +99,30 @@ class GrpcClient:
     """One channel to TorchServe's gRPC inference port; thread-safe like the grpc channel under it."""
 
     def __init__(self, endpoints: Endpoints, timeout: float = 60.0) -> None:
+        self.endpoints = endpoints
         self.channel = grpc.insecure_channel(f"{endpoints.grpc_host}:{endpoints.grpc_inference_port}")
         self.stub = inference_pb2_grpc.InferenceAPIsServiceStub(self.channel)
-        self.metadata = (("authorization", f"Bearer {endpoints.token('inference')}"),)
+        self.endpoints.token("inference")  # fail now, with the hint, when the server wrote no key file
         self.timeout = timeout
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The inference token as call metadata, read per call: keys expire and rotate (scripts/server/endpoints.py)."""
+        return bearer(self.endpoints.token("inference"))
+
+    def _call(self, rpc, request):
+        """A unary call; once more with a fresh token when TorchServe refused the first one's token."""
+
+        def send(token: str):
+            try:
+                return rpc(request, metadata=bearer(token), timeout=self.timeout)
+            except grpc.RpcError as error:
+                return error
+
+        reply = self.endpoints.with_token("inference", send, lambda r: isinstance(r, grpc.RpcError) and token_refused(r))
+        if isinstance(reply, grpc.RpcError):
+            raise reply
+        return reply
 
     def close(self) -> None:
         self.channel.close()
@@ -110,7 +140,7 @@ class GrpcClient:
     def predict(self, model: str, body: bytes, version: str | None = None) -> Any:
         """One unary Predictions call: the decoded result, or PredictionError."""
         try:
-            reply = self.stub.Predictions(self.request(model, body, version), metadata=self.metadata, timeout=self.timeout)
+            reply = self._call(self.stub.Predictions, self.request(model, body, version))
         except grpc.RpcError as error:
             raise rpc_error(error) from None
         return result_of(reply.prediction)
@@ -123,17 +153,23 @@ class GrpcClient:
         """
         pending: collections.deque = collections.deque()
         for body in bodies:
-            pending.append(
-                self.stub.Predictions.future(self.request(model, body, version), metadata=self.metadata, timeout=self.timeout)
-            )
+            request = self.request(model, body, version)
+            pending.append((request, self.stub.Predictions.future(request, metadata=self.metadata, timeout=self.timeout)))
             if len(pending) >= window:
-                yield self._settle(pending.popleft())
+                yield self._settle(*pending.popleft())
         while pending:
-            yield self._settle(pending.popleft())
+            yield self._settle(*pending.popleft())
 
-    def _settle(self, future) -> Any:
+    def _settle(self, request, future) -> Any:
         try:
-            return result_of(future.result().prediction)
+            try:
+                reply = future.result()
+            except grpc.RpcError as error:
+                if not token_refused(error):
+                    raise
+                # The key expired or was rotated while the call was in flight: this one again, unary.
+                reply = self._call(self.stub.Predictions, request)
+            return result_of(reply.prediction)
         except grpc.RpcError as error:
             raise rpc_error(error) from None
 

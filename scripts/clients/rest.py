@@ -20,7 +20,7 @@ from scripts import cli
 from scripts.errors import ConfigError
 from scripts.layout import JSON
 from scripts.server.config import ServerConfig
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, token_refused
 
 # TorchServe 0.12 answers 503 'Model "<lane>" has no worker to serve inference request. Please use scale workers
 # API to add workers. ...' both when the lane's queue already holds job_queue_size requests and when the lane has
@@ -45,9 +45,15 @@ def predict(
 ) -> requests.Response:
     """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
     (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
-    keep the connection open across many calls (batch jobs)."""
-    headers = {**endpoints.auth("inference"), "Content-Type": kind}
-    return (session or requests).post(endpoints.prediction_url(model, version), data=body, headers=headers, timeout=timeout)
+    keep the connection open across many calls (batch jobs). A token TorchServe refused because it
+    expired or was rotated meanwhile is replaced and the request sent once more (Endpoints.with_token)."""
+    url = endpoints.prediction_url(model, version)
+
+    def send(token: str) -> requests.Response:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": kind}
+        return (session or requests).post(url, data=body, headers=headers, timeout=timeout)
+
+    return endpoints.with_token("inference", send, token_refused)
 
 
 def unavailable_reason(endpoints: Endpoints, lane: str, reply: requests.Response, job_queue_size: int) -> str | None:

@@ -22,7 +22,7 @@ from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict, unavailable_reason
 from scripts.errors import ScriptError
 from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, token_refused
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ class ServerRunner:
             reply = predict(self.endpoints, self.lane, body, CHUNK_TYPE, timeout=self.timeout, session=self._session())
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientError(f"no answer from {self.endpoints.prediction_url(self.lane)}: {error}") from None
+        if token_refused(reply):  # even after a fresh key (predict renews): no row could pass, stop the job
+            raise JobError(f"TorchServe refused the inference token from {self.endpoints.key_file}: {reply.json()['message']}")
         try:
             parsed = orjson.loads(reply.content)
         except orjson.JSONDecodeError:

@@ -1,16 +1,29 @@
 """`make serve` / `make stop`: run TorchServe from the repository root with config.properties.
 
 python -m scripts.server.serve start | stop
+
+Before starting, every archive config.properties loads (load_models) must match the sha256 that
+`make archive` recorded next to it (scripts/archive/reader.py); otherwise nothing starts.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.layout import CONFIG, MODEL_STORE, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.process import Server
+
+
+def verify_loaded_archives(config: ServerConfig, model_store: Path) -> list[str]:
+    """The archives `config` loads at start-up, each checked against its recorded sha256 (DigestMismatch)."""
+    archives = sorted(set(config.loaded_lanes().values()))
+    for name in archives:
+        MarFile(model_store / name).verify_digest()
+    return archives
 
 
 def main() -> int:
@@ -21,9 +34,11 @@ def main() -> int:
     if args.action == "stop":
         server.stop()
         return 0
+    config = ServerConfig.read(CONFIG)
+    verify_loaded_archives(config, MODEL_STORE)
     started = time.monotonic()
     server.start()
-    models = ServerConfig.read(CONFIG).lanes()
+    models = config.lanes()
     server.wait_ready(models)
     e = server.endpoints
     print(f"TorchServe is up in {time.monotonic() - started:.0f}s with lanes: {', '.join(models)}")

@@ -4,11 +4,11 @@ or Ctrl-C): the integration tests, `make verify` and `make bench` all start thei
 from __future__ import annotations
 
 import contextlib
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from scripts.archive.reader import MarFile
 from scripts.errors import ArchiveError
 from scripts.server.config import ServerConfig
 from scripts.server.process import Server, free_ports
@@ -25,7 +25,7 @@ def serving_in(
     for name, source in archives.items():
         if not source.exists():
             raise ArchiveError(f"{source} is missing: run `make archive` first (make test does)")
-        shutil.copy2(source, store / name)
+        MarFile(source).copy(store / name)  # with its recorded sha256, so the copy can be registered
     config = ServerConfig.read().render(workdir / "config.properties", store, free_ports(), overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
     process = server.process = server.start(foreground=True)

@@ -117,6 +117,10 @@ class Swapper:
             raise SwapRefused(str(error)) from None
         if name != model:
             raise SwapRefused(f"{mar} holds model {name!r}, not {model!r}: pick an archive of {model}")
+        try:
+            MarFile(mar).verify_digest()
+        except ArchiveError as error:
+            raise SwapRefused(str(error)) from None
         return Archive(mar, model, version)
 
     def current_default(self, lane: str, new_version: str | None = None) -> VersionState:
@@ -135,7 +139,7 @@ class Swapper:
         registered: list[str] = []
         try:
             for lane, settings in lanes.items():
-                self.api.register(lane, archive.path.name, settings)
+                self.api.register(lane, archive.path, settings)
                 registered.append(lane)
                 self.log(
                     f"{lane}: registered {archive.version} from {archive.path.name} "

@@ -1,18 +1,21 @@
 """TorchServe's REST management API as the hot-swap needs it, with errors that say what to do.
 
-Every call carries the management token; a refused token, an unknown model or version and a version
-that already exists become ManagementError with a message for the user, not a stack trace.
+Every call carries the management token (renewed and sent again once when it expired or was rotated
+meanwhile); a refused token, an unknown model or version, a version that already exists and an archive
+whose recorded sha256 does not match become errors with a message for the user, not a stack trace.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 
+from scripts.archive.reader import MarFile
 from scripts.errors import ScriptError
 from scripts.server.config import LaneSettings
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, token_refused
 
 
 class ManagementError(ScriptError):
@@ -48,8 +51,11 @@ class ManagementApi:
         reply = self._call("GET", f"/models/{model}/{version}", subject=f"version {version} of {model!r}")
         return _version_state(reply.json()[0], self._default_version(model))
 
-    def register(self, model: str, url: str, lane: LaneSettings) -> None:
-        """Register `url` (a file in the model store) under `model` and wait until its workers loaded."""
+    def register(self, model: str, archive: Path, lane: LaneSettings) -> None:
+        """Register `archive` (a file in the server's model store) under `model` and wait until its workers
+        loaded; an archive whose sha256 `make archive` did not record, or that changed since, is refused."""
+        MarFile(archive).verify_digest()
+        url = archive.name
         params = {
             "url": url,
             "model_name": model,
@@ -77,10 +83,13 @@ class ManagementApi:
         self, method: str, path: str, subject: str, params: dict | None = None, timeout: float | None = None
     ) -> requests.Response:
         url = f"{self.endpoints.management}{path}"
+
+        def send(token: str) -> requests.Response:
+            headers = {"Authorization": f"Bearer {token}"}
+            return requests.request(method, url, params=params, headers=headers, timeout=timeout or self.timeout)
+
         try:
-            reply = requests.request(
-                method, url, params=params, headers=self.endpoints.auth("management"), timeout=timeout or self.timeout
-            )
+            reply = self.endpoints.with_token("management", send, token_refused)
         except requests.ConnectionError:
             raise ManagementError(
                 f"no TorchServe management API at {self.endpoints.management}: start it with `make serve`"
@@ -96,8 +105,10 @@ class ManagementApi:
         except ValueError:
             kind, message = "", reply.text.strip()
         if kind == "InvalidKeyException" or reply.status_code in (401, 403):
-            return f"TorchServe refused the management token from {self.endpoints.key_file}"
-            f": it is stale or wrong (restarts write new keys); {message}"
+            return (
+                f"TorchServe refused the management token from {self.endpoints.key_file}"
+                f": it is stale or wrong (restarts write new keys); {message}"
+            )
         if reply.status_code == 404:
             return f"{subject} is not registered: {message}"
         if reply.status_code == 409:

@@ -18,7 +18,7 @@ def test_config_is_secure_by_default_and_loads_both_digits_lanes():
         assert p[key].startswith("http://127.0.0.1:")
     assert p["grpc_inference_address"] == p["grpc_management_address"] == "127.0.0.1"
     assert p["disable_token_authorization"] == "false" and p["enable_model_api"] == "true"
-    assert p["allowed_urls"] == "file://.*" and p["metrics_mode"] == "prometheus"
+    assert p["allowed_urls"] == "" and p["metrics_mode"] == "prometheus"
     assert {"digits", "digits-bulk"} <= set(ServerConfig.read().lanes())
 
 

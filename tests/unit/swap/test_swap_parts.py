@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from handlers.errors import RequestError, out_of_resources
+from scripts.archive.reader import DigestMismatch, MarFile
 from scripts.clients.grpc_client import PredictionError, error_in, result_of
 from scripts.errors import ConfigError
 from scripts.layout import CONFIG, ROOT
@@ -15,6 +16,7 @@ from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
 from scripts.swap.gates import GateResult, digits_check
 from scripts.swap.hot_swap import Swapper, SwapRefused
+from scripts.swap.management import ManagementApi
 
 
 def test_the_handlers_error_body_is_recognised_with_its_message():
@@ -84,10 +86,10 @@ def test_the_gate_needs_accuracy_and_no_problems():
 def swapper(tmp_path) -> Swapper:
     store = tmp_path / "model_store"
     store.mkdir()
-    source = ROOT / "model_store" / "digits.mar"
-    if not source.exists():
-        pytest.skip("model_store/digits.mar is not built (make archive)")
-    shutil.copy2(source, store / "digits.mar")
+    source = MarFile(ROOT / "model_store" / "digits.mar")
+    if not source.digest_file.exists():
+        pytest.skip("model_store/digits.mar(.sha256) is not built (make archive)")
+    source.copy(store / "digits.mar")
     return Swapper(Endpoints.from_config(CONFIG, tmp_path / "key_file.json"), CONFIG, store, log=lambda line: None)
 
 
@@ -108,6 +110,27 @@ def test_archive_problems_are_refused_with_what_to_do(swapper, tmp_path):
     (swapper.model_store / "junk.mar").write_bytes(b"not a zip")
     with pytest.raises(SwapRefused, match="not a model archive"):
         swapper.read_archive(swapper.model_store / "junk.mar", "digits")
+
+
+def test_an_archive_changed_or_unrecorded_since_make_archive_is_refused(swapper):
+    """Swap and register check the sha256 `make archive` recorded; nothing reaches the server (there is none)."""
+    store = swapper.model_store
+    tampered = MarFile(store / "digits.mar").copy(store / "digits-tampered.mar")
+    data = bytearray(tampered.path.read_bytes())
+    data[-100] ^= 0xFF  # in the zip's central directory: still a readable archive of digits 1.0
+    tampered.path.write_bytes(bytes(data))
+    expected, actual = tampered.recorded_digest(), tampered.sha256()
+    changed = f"digits-tampered.mar does not match its recorded sha256: expected {expected}, actual {actual}"
+    with pytest.raises(SwapRefused, match=changed):
+        swapper.read_archive(tampered.path, "digits")
+    unrecorded = MarFile(store / "digits.mar").copy(store / "digits-unrecorded.mar")
+    unrecorded.digest_file.unlink()
+    with pytest.raises(SwapRefused, match="digits-unrecorded.mar has no recorded sha256"):
+        swapper.read_archive(unrecorded.path, "digits")
+    lane = ServerConfig.read(CONFIG).lane_settings("digits")["digits"]
+    with pytest.raises(DigestMismatch, match="digits-unrecorded.mar has no recorded sha256"):
+        ManagementApi(swapper.endpoints).register("digits", unrecorded.path, lane)
+    assert swapper.read_archive(store / "digits.mar", "digits").version == "1.0"
 
 
 def test_rollback_without_a_recorded_swap_says_so(swapper):

@@ -1,0 +1,71 @@
+"""Each built archive's recorded sha256: written next to it, checked before anything registers or serves it."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from scripts.archive.reader import DigestMismatch, MarFile
+from scripts.layout import MODEL_STORE
+from scripts.server.config import ServerConfig
+from scripts.server.process import free_ports
+from scripts.server.serve import verify_loaded_archives
+
+BUILT = MODEL_STORE / "digits.mar"
+
+
+@pytest.fixture
+def archive(tmp_path) -> MarFile:
+    """A copy of the built digits.mar with its recorded digest, in a model store of its own."""
+    if not MarFile(BUILT).digest_file.exists():
+        pytest.skip("model_store/digits.mar(.sha256) is not built (make archive)")
+    store = tmp_path / "model_store"
+    store.mkdir()
+    return MarFile(BUILT).copy(store / "digits.mar")
+
+
+def test_make_archive_records_the_sha256_in_sha256sums_format():
+    if not MarFile(BUILT).digest_file.exists():
+        pytest.skip("model_store/digits.mar(.sha256) is not built (make archive)")
+    actual = hashlib.sha256(BUILT.read_bytes()).hexdigest()
+    assert MarFile(BUILT).digest_file.read_text() == f"{actual}  digits.mar\n"
+    assert MarFile(BUILT).verify_digest() == actual
+
+
+def test_a_copy_keeps_its_record_under_its_new_name(archive, tmp_path):
+    renamed = archive.copy(tmp_path / "model_store" / "digits-copy.mar")
+    assert renamed.digest_file.read_text().endswith("  digits-copy.mar\n")
+    assert renamed.verify_digest() == archive.verify_digest()
+
+
+def test_one_changed_byte_is_refused_naming_the_archive_and_both_digests(archive):
+    expected = archive.recorded_digest()
+    data = bytearray(archive.path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    archive.path.write_bytes(bytes(data))
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    with pytest.raises(DigestMismatch) as refused:
+        archive.verify_digest()
+    message = str(refused.value)
+    assert message.startswith("digits.mar does not match its recorded sha256")
+    assert f"expected {expected}" in message and f"actual {actual}" in message and expected != actual
+
+
+def test_an_archive_without_a_record_is_refused(archive):
+    archive.digest_file.unlink()
+    missing = r"digits.mar has no recorded sha256 \(digits.mar.sha256 is missing; actual sha256 [0-9a-f]{64}\)"
+    with pytest.raises(DigestMismatch, match=missing):
+        archive.verify_digest()
+
+
+def test_make_serve_checks_every_archive_it_loads(archive, tmp_path):
+    """serve.py refuses to start when one archive of load_models is unrecorded or changed."""
+    store = archive.path.parent
+    lanes = {"load_models": "digits=digits.mar,digits-bulk=digits.mar,minilm=minilm.mar"}
+    config = ServerConfig.read(ServerConfig.read().render(tmp_path / "config.properties", store, free_ports(), lanes))
+    archive.copy(store / "minilm.mar")  # stands in for the minilm archive: only its digest matters here
+    assert verify_loaded_archives(config, store) == ["digits.mar", "minilm.mar"]
+    (store / "minilm.mar.sha256").write_text("0" * 64 + "  minilm.mar\n")
+    with pytest.raises(DigestMismatch, match=f"minilm.mar does not match its recorded sha256: expected {'0' * 64}"):
+        verify_loaded_archives(config, store)
