@@ -20,12 +20,13 @@ import tempfile
 from pathlib import Path
 
 from scripts import cli
+from scripts.deploy.manifests import K8S
 from scripts.errors import ConfigError
 from scripts.layout import BUILD, CONFIG
 from scripts.server.config import ServerConfig
 from scripts.server.prometheus import MONITORING
 
-K8S_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "config"
+K8S_CONFIG = K8S / "config"
 METRICS = MONITORING / "metrics.yaml"
 # TorchServe's default ports: render() takes them for the keys it always writes.
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082, "grpc_inference": 7070, "grpc_management": 7071, "workers": 9000}
