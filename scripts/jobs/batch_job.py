@@ -3,6 +3,7 @@
     python -m scripts.jobs.batch_job --model digits --input rows.jsonl --output results.jsonl
     python -m scripts.jobs.batch_job --model digits --input rows.parquet --output results.parquet --in-process
     python -m scripts.jobs.batch_job ... --resume        # continue a killed job where its output ends
+    python -m scripts.jobs.batch_job ... --engine ray    # the in-process core in Ray actors (scripts/jobs/ray_runner.py)
 
 Chunks of --chunk-size rows go as {"instances": [...]} to the `<model>-bulk` lane, --concurrency at a
 time, or with --in-process through the same handler core loaded from model_store/<model>.mar. Writes
@@ -33,6 +34,7 @@ from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
+ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class JobConfig:
     key_file: Path = KEY_FILE
     progress_bar: bool = True
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    engine: str = "local"  # ray: the archive's core in Ray actors, like --in-process
+    actors: int | None = None  # ray: default one per GPU of the cluster, else one per CPU
+    ray_address: str | None = None  # ray: default RAY_ADDRESS, else a local Ray
 
     def check(self) -> None:
         if self.chunk_size < 1:
@@ -61,6 +66,8 @@ class JobConfig:
             raise JobError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.resume and self.overwrite:
             raise JobError("--resume and --overwrite contradict each other: pick one")
+        if self.actors is not None and self.actors < 1:
+            raise JobError(f"--actors must be at least 1, got {self.actors}")
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,10 @@ def run_job(config: JobConfig) -> JobSummary:
             disable=not config.progress_bar,
             smoothing=0.1,
         ) as bar:
-            _pump(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config)
+            if config.engine == "ray":
+                runner.pump(source, resumed_at, total, sink, bar)
+            else:
+                _pump(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config)
     finally:
         sink.close()
     sink.finish()
@@ -126,8 +136,12 @@ def run_job(config: JobConfig) -> JobSummary:
 
 
 def _runner(config: JobConfig):
+    archive = config.archive or MODEL_STORE / f"{config.model}.mar"
+    if config.engine == "ray":
+        from scripts.jobs.ray_runner import RayRunner  # Ray takes seconds to import: only for this engine
+
+        return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address)
     if config.in_process:
-        archive = config.archive or MODEL_STORE / f"{config.model}.mar"
         return InProcessRunner(load_core(archive), archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
@@ -191,6 +205,11 @@ def parse_args(argv: list[str] | None) -> JobConfig:
         metavar="SECONDS",
         help="retry a chunk the server fails (no answer, 5xx) for up to this long, then stop (default %(default)s)",
     )
+    parser.add_argument(
+        "--engine", choices=ENGINES, default="local", help="ray: run the core in Ray actors (--archive as in-process)"
+    )
+    parser.add_argument("--actors", type=int, help="--engine ray: actors (default one per GPU of the cluster, else per CPU)")
+    parser.add_argument("--ray-address", help="--engine ray: the cluster (default as ray.init(): RAY_ADDRESS, else a local Ray)")
     cli.add_server_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -211,6 +230,9 @@ def parse_args(argv: list[str] | None) -> JobConfig:
         key_file=args.key_file,
         progress_bar=not args.no_progress,
         retry=RetryPolicy(patience=args.retry_for, notify=_print_retry),
+        engine=args.engine,
+        actors=args.actors,
+        ray_address=args.ray_address,
     )
 
 

@@ -1,0 +1,126 @@
+"""config.properties for the cluster, generated from the repository's (the one source of lanes and batching).
+
+    python -m scripts.deploy.render k8s                      # deploy/k8s/config/ (committed; kustomize reads it)
+    python -m scripts.deploy.render kserve --out build/kserve # the bucket layout KServe's TorchServe runtime reads
+
+Both keep every setting of config.properties (lanes, batching, limits, security) and change only where
+things are in the container and who may connect (docs/kubernetes.md):
+- k8s: TorchServe's APIs on loopback (the pod's gateway is the only client), metrics on all interfaces for
+  Prometheus, the model store and metrics config at the Deployment's mount points;
+- kserve: KServe's wrapper in the same container calls TorchServe on 127.0.0.1:8085 without a token (it
+  cannot send one), so token authorization is off there and nothing but metrics listens beyond loopback;
+  `model_snapshot` names the lanes, which the wrapper serves as /v1/models/<lane>:predict.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from scripts import cli
+from scripts.deploy.manifests import K8S
+from scripts.errors import ConfigError
+from scripts.layout import BUILD, CONFIG
+from scripts.server.config import ServerConfig
+from scripts.server.prometheus import MONITORING
+
+K8S_CONFIG = K8S / "config"
+METRICS = MONITORING / "metrics.yaml"
+# TorchServe's default ports: render() takes them for the keys it always writes.
+PORTS = {"inference": 8080, "management": 8081, "metrics": 8082, "grpc_inference": 7070, "grpc_management": 7071, "workers": 9000}
+
+# Where the Deployment mounts things (deploy/k8s/deployment.yaml; docs/kubernetes.md names them for the image).
+POD_HOME = "/home/model-server"
+K8S_OVERRIDES = {
+    "inference_address": "http://127.0.0.1:8080",
+    "management_address": "http://127.0.0.1:8081",
+    "metrics_address": "http://0.0.0.0:8082",
+    "grpc_inference_address": "127.0.0.1",
+    "grpc_management_address": "127.0.0.1",
+    "model_store": f"{POD_HOME}/model-store",
+    "metrics_config": f"{POD_HOME}/config/metrics.yaml",
+    # The keys never leave the pod (only its gateway and probes read them): a pod older than a year restarts
+    # when its probes' key expires, instead of every day.
+    "token_expiration_min": "525600",
+}
+
+# KServe's storage initializer puts the bucket at /mnt/models: config/ and model-store/ (its TorchServe layout).
+KSERVE_MOUNT = "/mnt/models"
+KSERVE_OVERRIDES = {
+    "inference_address": "http://127.0.0.1:8085",
+    "management_address": "http://127.0.0.1:8085",
+    "metrics_address": "http://0.0.0.0:8082",
+    "grpc_inference_address": "127.0.0.1",
+    "grpc_management_address": "127.0.0.1",
+    "model_store": f"{KSERVE_MOUNT}/model-store",
+    "metrics_config": f"{KSERVE_MOUNT}/config/metrics.yaml",
+    "disable_token_authorization": "true",
+}
+
+
+def k8s_properties(source: ServerConfig) -> str:
+    return _render(source, K8S_OVERRIDES, "deploy/k8s: TorchServe inside a pod behind its gateway")
+
+
+def kserve_properties(source: ServerConfig) -> str:
+    snapshot = {"name": "startup.cfg", "modelCount": 0, "models": {}}
+    for lane, versions in source._models_json().items():
+        snapshot["models"][lane] = {version: {"defaultVersion": True, **entry} for version, entry in versions.items()}
+        snapshot["modelCount"] += len(versions)
+    overrides = {**KSERVE_OVERRIDES, "model_snapshot": json.dumps(snapshot, separators=(",", ":"))}
+    return _render(source, overrides, "deploy/kserve: TorchServe behind KServe's wrapper")
+
+
+def _render(source: ServerConfig, overrides: dict[str, str], purpose: str) -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        rendered = source.render(Path(folder) / "config.properties", Path(overrides["model_store"]), PORTS, overrides)
+        lines = rendered.read_text().splitlines()
+    # The source's comments describe `make serve` on one machine; they stay there.
+    settings = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    header = [
+        f"# Generated from config.properties by `python -m scripts.deploy.render` for {purpose}.",
+        "# Do not edit: change config.properties and render again (tests/unit/deploy/test_manifests.py checks).",
+    ]
+    return "\n".join(header + settings) + "\n"
+
+
+def write_k8s(source: ServerConfig, folder: Path = K8S_CONFIG) -> list[Path]:
+    """config.properties and metrics.yaml for the ConfigMap that kustomize generates from this folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.properties").write_text(k8s_properties(source))
+    shutil.copyfile(METRICS, folder / "metrics.yaml")
+    return [folder / "config.properties", folder / "metrics.yaml"]
+
+
+def write_kserve(source: ServerConfig, out: Path) -> list[Path]:
+    """The bucket layout: config/config.properties, config/metrics.yaml, model-store/<each archive the lanes load>."""
+    (out / "config").mkdir(parents=True, exist_ok=True)
+    (out / "model-store").mkdir(parents=True, exist_ok=True)
+    (out / "config" / "config.properties").write_text(kserve_properties(source))
+    shutil.copyfile(METRICS, out / "config" / "metrics.yaml")
+    written = [out / "config" / "config.properties", out / "config" / "metrics.yaml"]
+    for archive in sorted(set(source.loaded_lanes().values())):
+        built = source.model_store / archive
+        if not built.is_file():
+            raise ConfigError(f"{built} is missing: run `make archive` first")
+        written.append(Path(shutil.copyfile(built, out / "model-store" / archive)))
+    return written
+
+
+def main() -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("target", choices=("k8s", "kserve"))
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the source config.properties")
+    parser.add_argument("--out", type=Path, default=BUILD / "kserve", help="kserve: where to assemble the bucket layout")
+    args = parser.parse_args()
+    source = ServerConfig.read(args.config)
+    written = write_k8s(source) if args.target == "k8s" else write_kserve(source, args.out)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

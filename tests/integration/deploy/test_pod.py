@@ -1,0 +1,115 @@
+"""The pod's own parts against a real TorchServe (the session's digits server): the probes' ping command exactly as
+deployment.yaml runs it, and the gateway (nginx with deploy/k8s/gateway/) admitting the client token and forwarding
+with the server's key. Only paths and ports differ from the pod: the key file's and TorchServe's, the gateway's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from scripts.deploy.manifests import K8S
+from scripts.server.process import free_port, stop_process_group
+
+CLIENT_TOKEN = "client-token-for-the-gateway-test"
+INSTALL_NGINX = "install nginx with its njs module: `apt-get install -y nginx libnginx-mod-http-js` (Debian/Ubuntu)"
+
+
+def probe_command(digits_server, key_file: Path) -> list[str]:
+    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    torchserve = deployment["spec"]["template"]["spec"]["containers"][0]
+    command = list(torchserve["readinessProbe"]["exec"]["command"])
+    assert command == torchserve["livenessProbe"]["exec"]["command"] == torchserve["startupProbe"]["exec"]["command"]
+    address = digits_server.endpoints.inference.split("//", 1)[1]
+    command[2] = command[2].replace("/keys/key_file.json", str(key_file)).replace("127.0.0.1:8080", address)
+    return command
+
+
+def run_probe(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
+def test_the_probe_passes_with_the_servers_key_and_fails_without_it(digits_server, tmp_path):
+    assert run_probe(probe_command(digits_server, digits_server.endpoints.key_file)).returncode == 0
+    keys = json.loads(digits_server.endpoints.key_file.read_text())
+    keys["inference"]["key"] = "not-the-key"
+    wrong = tmp_path / "key_file.json"
+    wrong.write_text(json.dumps(keys))
+    refused = run_probe(probe_command(digits_server, wrong))
+    assert refused.returncode != 0 and "HTTP Error 400" in refused.stderr  # TorchServe's answer to a wrong key
+    missing = run_probe(probe_command(digits_server, tmp_path / "absent.json"))
+    assert missing.returncode != 0 and "FileNotFoundError" in missing.stderr
+
+
+def nginx_binary() -> Path:
+    found = shutil.which("nginx") or next((p for p in (Path("/usr/sbin/nginx"),) if p.exists()), None)
+    if found is None:
+        pytest.fail(f"nginx not found: {INSTALL_NGINX}")
+    return Path(found)
+
+
+@pytest.fixture
+def gateway(digits_server, tmp_path):
+    """nginx with the gateway's files, forwarding to the digits server; yields its URL; always stopped."""
+    nginx = nginx_binary()
+    modules = nginx.resolve().parents[1] / "lib" / "nginx" / "modules"
+    if not (modules / "ngx_http_js_module.so").exists():
+        pytest.fail(f"nginx's njs module is not in {modules}: {INSTALL_NGINX}")
+    port = free_port()
+    conf = (K8S / "gateway" / "nginx.conf").read_text()
+    conf = conf.replace("/usr/lib/nginx/modules/", f"{modules}/")
+    conf = conf.replace("server 127.0.0.1:8080;", f"server {digits_server.endpoints.inference.split('//', 1)[1]};")
+    conf = conf.replace("listen 8000;", f"listen 127.0.0.1:{port};")
+    (tmp_path / "nginx.conf").write_text(conf)
+    shutil.copy(K8S / "gateway" / "gateway.js", tmp_path / "gateway.js")
+    # As root (CI), nginx's workers would drop to `nobody`, which cannot read TorchServe's 0600 key file; in the
+    # pod every container runs as the same user.
+    directives = "daemon off;" + (" user root;" if os.geteuid() == 0 else "")
+    env = {"CLIENT_TOKEN": CLIENT_TOKEN, "TORCHSERVE_KEY_FILE": str(digits_server.endpoints.key_file)}
+    command = [str(nginx), "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf"), "-e", "stderr", "-g", directives]
+    with open(tmp_path / "nginx.out", "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(url + "/healthz", process, tmp_path / "nginx.out")
+        yield url
+    finally:
+        stop_process_group(process, timeout=10)
+
+
+def wait_for(url: str, process: subprocess.Popen, log: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"nginx exited with {process.returncode}: {log.read_text()}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"nginx did not answer {url} in {timeout:.0f}s: {log.read_text()}")
+        time.sleep(0.1)
+
+
+def test_the_gateway_admits_the_client_token_and_forwards_with_the_servers_key(gateway, digits_server):
+    instances = {"instances": [[0] * 64, [16] * 64]}
+    admitted = requests.post(f"{gateway}/predictions/digits", json=instances, headers={"Authorization": f"Bearer {CLIENT_TOKEN}"})
+    assert admitted.status_code == 200, admitted.text
+    predictions = admitted.json()["predictions"]
+    assert len(predictions) == 2 and all(abs(sum(p["scores"]) - 1) < 1e-5 for p in predictions)
+    ping = requests.get(f"{gateway}/ping", headers={"Authorization": f"Bearer {CLIENT_TOKEN}"})
+    assert (ping.status_code, ping.json()["status"]) == (200, "Healthy")
+    # TorchServe's own key is no client token: it never works from outside the pod.
+    server_key = digits_server.endpoints.auth("inference")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": CLIENT_TOKEN}, server_key):
+        refused = requests.post(f"{gateway}/predictions/digits", json=instances, headers=headers)
+        assert refused.status_code == 401, headers
+        assert refused.json()["type"] == "Unauthorized"

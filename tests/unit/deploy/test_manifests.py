@@ -1,0 +1,336 @@
+"""deploy/: the Kubernetes manifests (kubernetes-validate, strict, Kubernetes 1.34), the InferenceService (KServe's
+own CRD schema, strict), the cluster's config.properties (generated from the repository's and kept equal to it),
+and the contracts between the pieces: probes, mounts, ports, the gateway, the HPA's metric."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+
+import jsonschema
+import pytest
+import yaml
+
+from scripts.deploy.manifests import (
+    K8S,
+    KSERVE,
+    KSERVE_SCHEMA,
+    ManifestError,
+    load_documents,
+    strict,
+    validate,
+    validate_inference_service,
+)
+from scripts.deploy.render import K8S_CONFIG, METRICS, k8s_properties, kserve_properties, write_kserve
+from scripts.server.config import ServerConfig
+from scripts.server.prometheus import binary, metric_names
+from tests.unit.monitoring.test_monitoring import declared_series
+
+CORE_MANIFESTS = ["deployment.yaml", "service.yaml", "hpa.yaml", "pvc.yaml", "model-store-loader.yaml", "prometheus-adapter.yaml"]
+MODELS = ("digits", "minilm")
+
+
+def one(path):
+    documents = load_documents(path)
+    assert len(documents) == 1, path
+    return documents[0]
+
+
+@pytest.fixture(scope="module")
+def deployment() -> dict:
+    return one(K8S / "deployment.yaml")
+
+
+@pytest.fixture(scope="module")
+def containers(deployment) -> dict[str, dict]:
+    return {container["name"]: container for container in deployment["spec"]["template"]["spec"]["containers"]}
+
+
+@pytest.fixture(scope="module")
+def inference_service() -> dict:
+    return one(KSERVE / "inferenceservice.yaml")
+
+
+@pytest.fixture(scope="module")
+def pod_config() -> ServerConfig:
+    return ServerConfig.read(K8S_CONFIG / "config.properties")
+
+
+def kustomization() -> dict:
+    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+
+
+def generated_config_maps() -> list[dict]:
+    """The ConfigMaps `kubectl apply -k` generates from kustomization.yaml's configMapGenerator (before hashing)."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": entry["name"]},
+            "data": {file.rsplit("/", 1)[-1]: (K8S / file).read_text() for file in entry["files"]},
+        }
+        for entry in kustomization()["configMapGenerator"]
+    ]
+
+
+# -- validity --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CORE_MANIFESTS)
+def test_core_manifests_are_valid_in_strict_mode(name):
+    for document in load_documents(K8S / name):
+        validate(document)
+
+
+def test_the_kustomization_lists_existing_files_and_its_config_maps_are_valid():
+    listed = kustomization()["resources"]
+    assert set(listed) == {"pvc.yaml", "deployment.yaml", "service.yaml", "hpa.yaml"}
+    assert all((K8S / name).is_file() for name in listed)
+    maps = generated_config_maps()
+    assert {m["metadata"]["name"] for m in maps} == {"torchserve-config", "gateway"}
+    for config_map in maps:
+        validate(config_map)
+
+
+def test_the_inference_service_and_its_canary_are_valid_against_kserves_schema(inference_service):
+    validate(inference_service)
+    patch = yaml.safe_load((KSERVE / "canary-patch.yaml").read_text())
+    canary = merge_patch(copy.deepcopy(inference_service), patch)
+    validate(canary)
+    assert canary["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert canary["spec"]["predictor"]["model"]["storageUri"].endswith("/2.0")
+    assert canary["spec"]["predictor"]["model"]["modelFormat"] == {"name": "pytorch"}
+
+
+def merge_patch(target, patch):
+    """RFC 7386, as `kubectl patch --type merge` applies it."""
+    if not isinstance(patch, dict):
+        return patch
+    target = target if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        else:
+            target[key] = merge_patch(target.get(key), value)
+    return target
+
+
+def broken(document: dict, path: tuple, value=None, delete: bool = False) -> dict:
+    """A copy of `document` with the field at `path` (keys and list indexes) set to `value`, or deleted."""
+    copied = copy.deepcopy(document)
+    *parents, last = path
+    node = copied
+    for part in parents:
+        node = node[part]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return copied
+
+
+CONTAINER = ("spec", "template", "spec", "containers")
+MODEL = ("spec", "predictor", "model")
+BROKEN_DEPLOYMENTS = {
+    "a misspelled probe field": (CONTAINER + (0, "livenessProbes"), {}, "livenessProbes"),
+    "a GPU count that is a list": (CONTAINER + (0, "resources", "limits", "nvidia.com/gpu"), [1], "nvidia.com/gpu"),
+    "a port given as text": (CONTAINER + (1, "ports", 0, "containerPort"), "8000", "containerPort"),
+    "an unknown kind": (("kind",), "Deploymnet", "Couldn't find schema for kind Deploymnet"),
+}
+BROKEN_INFERENCE_SERVICES = {
+    "storageURI for storageUri": (MODEL + ("storageURI",), "s3://bucket", "'storageURI' was unexpected"),
+    "a model format without a name": (MODEL + ("modelFormat", "name"), None, "'name' is a required property"),
+    "a misspelled metadata field": (("metadata", "lables"), {}, "'lables' was unexpected"),
+    "replicas as text": (("spec", "predictor", "minReplicas"), "one", "not of type 'integer'"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_DEPLOYMENTS, ids=list(BROKEN_DEPLOYMENTS))
+def test_a_broken_deployment_is_refused_with_the_field_named(deployment, case):
+    path, value, named = BROKEN_DEPLOYMENTS[case]
+    with pytest.raises(ManifestError, match=re.escape(named)):
+        validate(broken(deployment, path, value))
+
+
+@pytest.mark.parametrize("case", BROKEN_INFERENCE_SERVICES, ids=list(BROKEN_INFERENCE_SERVICES))
+def test_a_broken_inference_service_is_refused_with_the_field_named(inference_service, case):
+    path, value, named = BROKEN_INFERENCE_SERVICES[case]
+    with pytest.raises(ManifestError, match=re.escape(named)):
+        validate(broken(inference_service, path, value, delete=value is None))
+
+
+def test_strictness_refuses_what_the_crd_alone_would_silently_prune(inference_service):
+    schema = json.loads(KSERVE_SCHEMA.read_text())
+    typo = broken(inference_service, MODEL + ("storageURI",), "s3://bucket")
+    # As published, the CRD lets the API server drop unknown fields without a word: the typo passes.
+    jsonschema.Draft202012Validator(schema).validate({**typo, "metadata": {}})
+    with pytest.raises(ManifestError):
+        validate_inference_service(typo)
+    # Where the CRD keeps unknown fields on purpose, strict() leaves the object open.
+    node = {"type": "object", "properties": {"a": {"type": "string"}}, "x-kubernetes-preserve-unknown-fields": True}
+    assert "additionalProperties" not in strict(node)
+    assert strict({"type": "object", "properties": {"a": {}}})["additionalProperties"] is False
+
+
+def test_the_kserve_schema_names_its_source_release_and_commit():
+    comment = json.loads(KSERVE_SCHEMA.read_text())["$comment"]
+    assert re.search(r"kserve/kserve v\d+\.\d+\.\d+ \(commit [0-9a-f]{40}\)", comment)
+    commit = re.search(r"[0-9a-f]{40}", comment).group(0)
+    assert commit in (KSERVE_SCHEMA.parent / "README.md").read_text()
+
+
+# -- config.properties in the cluster ----------------------------------------------------------------------------
+
+
+def test_the_pod_config_is_generated_from_the_repositorys_and_up_to_date():
+    assert (K8S_CONFIG / "config.properties").read_text() == k8s_properties(ServerConfig.read()), (
+        "run `python -m scripts.deploy.render k8s`"
+    )
+    assert (K8S_CONFIG / "metrics.yaml").read_bytes() == METRICS.read_bytes(), "run `python -m scripts.deploy.render k8s`"
+
+
+@pytest.mark.parametrize("target", ["k8s", "kserve"])
+def test_the_cluster_configs_keep_the_lanes_batching_and_limits(target, tmp_path):
+    source = ServerConfig.read()
+    path = tmp_path / "config.properties"
+    path.write_text(k8s_properties(source) if target == "k8s" else kserve_properties(source))
+    rendered = ServerConfig.read(path)
+    assert rendered.loaded_lanes() == source.loaded_lanes()
+    assert rendered._models_json() == source._models_json()
+    for model in MODELS:
+        assert rendered.lane_settings(model) == source.lane_settings(model)
+    assert rendered.max_request_size == source.max_request_size
+    for key in ("max_response_size", "metrics_mode", "model_metrics_auto_detect", "enable_model_api", "allowed_urls"):
+        assert rendered.get(key, "") == source.get(key, "unset"), key
+
+
+def test_the_pod_config_keeps_token_authorization_and_tells_where_things_are_mounted(pod_config, containers):
+    assert pod_config.get("disable_token_authorization", "") == "false"
+    # Only the pod's gateway and probes talk to TorchServe; Prometheus scrapes the metrics port from outside.
+    for key in ("inference_address", "management_address"):
+        assert pod_config.get(key, "").startswith("http://127.0.0.1:"), key
+    assert pod_config.get("grpc_inference_address", "") == "127.0.0.1"
+    assert pod_config.get("metrics_address", "") == "http://0.0.0.0:8082"
+    mounts = {mount["name"]: mount["mountPath"] for mount in containers["torchserve"]["volumeMounts"]}
+    args = containers["torchserve"]["args"]
+    assert args[args.index("--ts-config") + 1] == f"{mounts['config']}/config.properties"
+    assert args[args.index("--model-store") + 1] == mounts["model-store"] == pod_config.get("model_store", "")
+    assert pod_config.get("metrics_config", "") == f"{mounts['config']}/metrics.yaml"
+    assert "--foreground" in args
+
+
+def test_the_kserve_config_serves_every_lane_through_kserves_wrapper(tmp_path):
+    text = kserve_properties(ServerConfig.read())
+    # KServe's wrapper reads config.properties line by line (name=value) and serves the lanes of model_snapshot.
+    wrapper_view = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    snapshot = json.loads(wrapper_view["model_snapshot"])
+    assert sorted(snapshot["models"]) == sorted(ServerConfig.read().lanes())
+    assert snapshot["modelCount"] == 4
+    assert all(entry["defaultVersion"] for versions in snapshot["models"].values() for entry in versions.values())
+    # The wrapper calls TorchServe without a token, on the port it derives (8085), in the same container.
+    assert wrapper_view["disable_token_authorization"] == "true"
+    assert wrapper_view["inference_address"] == wrapper_view["management_address"] == "http://127.0.0.1:8085"
+    assert wrapper_view["model_store"] == "/mnt/models/model-store"
+    assert wrapper_view["metrics_config"] == "/mnt/models/config/metrics.yaml"
+
+
+def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("digits.mar", "minilm.mar"):
+        (store / name).write_bytes(b"archive " + name.encode())
+    config = ServerConfig.read().render(
+        tmp_path / "config.properties",
+        store,
+        {"inference": 1, "management": 2, "metrics": 3, "grpc_inference": 4, "grpc_management": 5, "workers": 6},
+    )
+    written = write_kserve(ServerConfig.read(config), tmp_path / "bucket")
+    layout = sorted(str(path.relative_to(tmp_path / "bucket")) for path in written)
+    assert layout == ["config/config.properties", "config/metrics.yaml", "model-store/digits.mar", "model-store/minilm.mar"]
+    assert (tmp_path / "bucket/model-store/minilm.mar").read_bytes() == b"archive minilm.mar"
+
+
+# -- how the pieces fit ------------------------------------------------------------------------------------------
+
+
+def test_every_probe_of_torchserve_pings_with_the_pods_inference_key(containers, pod_config):
+    torchserve = containers["torchserve"]
+    port = pod_config.get("inference_address", "").rsplit(":", 1)[1]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = torchserve[probe]["exec"]["command"]
+        assert command[:2] == ["python3", "-c"], probe
+        assert f"http://127.0.0.1:{port}/ping" in command[2] and "/keys/key_file.json" in command[2], probe
+        assert "['inference']['key']" in command[2], probe
+    assert torchserve["workingDir"] == "/keys"  # TorchServe writes key_file.json into its working directory
+
+
+def test_the_gateway_forwards_to_torchserve_within_its_request_limit_and_takes_the_token_from_the_secret(
+    containers, deployment, pod_config
+):
+    nginx = (K8S / "gateway" / "nginx.conf").read_text()
+    port = pod_config.get("inference_address", "").rsplit(":", 1)[1]
+    assert f"server 127.0.0.1:{port};" in nginx
+    size = int(re.search(r"client_max_body_size (\d+)m;", nginx).group(1)) * 2**20
+    assert size == pod_config.max_request_size
+    env = {variable["name"]: variable for variable in containers["gateway"]["env"]}
+    assert env["CLIENT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "unified-serve-client-token", "key": "token"}
+    assert env["TORCHSERVE_KEY_FILE"]["value"] == "/keys/key_file.json"
+    gateway_port = containers["gateway"]["ports"][0]
+    assert f"listen {gateway_port['containerPort']};" in nginx
+    service = one(K8S / "service.yaml")
+    assert service["spec"]["ports"][0]["targetPort"] == gateway_port["name"]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_pod_runs_as_non_root_on_one_gpu_with_the_model_store_read_only(deployment, containers):
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    for container in containers.values():
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"]["drop"] == ["ALL"]
+    assert containers["torchserve"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes["model-store"]["persistentVolumeClaim"] == {"claimName": "model-store", "readOnly": True}
+    assert volumes["keys"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["config"]["configMap"]["name"] == "torchserve-config"
+    assert volumes["gateway"]["configMap"]["name"] == "gateway"
+    assert one(K8S / "pvc.yaml")["metadata"]["name"] == "model-store"
+    assert "replicas" not in deployment["spec"]  # the HPA owns it
+
+
+def test_the_hpa_scales_the_deployment_on_the_metric_prometheus_adapter_serves(deployment, tmp_path):
+    hpa = one(K8S / "hpa.yaml")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    rules = yaml.safe_load(one(K8S / "prometheus-adapter.yaml")["data"]["config.yaml"])["rules"]
+    (rule,) = [rule for rule in rules if rule["name"]["as"] == metric["pods"]["metric"]["name"]]
+    assert re.match(rule["name"]["matches"], rule["seriesQuery"].split("{")[0])
+    # The query as the adapter expands it for one pod: valid PromQL (promtool) over series TorchServe exports.
+    query = rule["metricsQuery"].replace("<<.LabelMatchers>>", 'namespace="serving",pod="unified-serve-0"')
+    query = query.replace("<<.GroupBy>>", "pod")
+    assert metric_names(query) <= declared_series()
+    rules_file = tmp_path / "adapter.rules.yml"
+    rules_file.write_text(
+        yaml.safe_dump({"groups": [{"name": "adapter", "rules": [{"record": "adapter:check", "expr": query}]}]})
+    )
+    result = subprocess.run(
+        [str(binary("promtool")), "check", "rules", str(rules_file)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_inference_service_uses_kserves_torchserve_runtime_on_one_gpu(inference_service):
+    model = inference_service["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] == "pytorch"
+    assert model["runtime"] == "kserve-torchserve"
+    assert model["protocolVersion"] in ("v1", "v2")
+    assert re.match(r"(s3|gs)://[^/]+/.+", model["storageUri"])
+    assert str(model["resources"]["limits"]["nvidia.com/gpu"]) == "1"
