@@ -136,7 +136,7 @@ bench-quick: archive
 # --- hardening (docs/hardening.md): each starts its own TorchServe on free ports, as verify and bench do ----
 # fuzz: schemathesis on the four prediction lanes from TorchServe's own OpenAPI description (repaired), about
 # 4 minutes; fails on a 5xx, a worker restart or a lane that answers differently after. Report: build/fuzz.json.
-# soak: 10 minutes of stream traffic (k6) on digits and minilm plus batch jobs on both bulk lanes; fails when
+# soak: 10 minutes of stream traffic (wrk) on digits and minilm plus batch jobs on both bulk lanes; fails when
 # a worker's or the frontend's RSS or open fds grow past the stated bounds. Report: build/soak.json.
 fuzz: archive
 	$(PY) -m scripts.checks.fuzz

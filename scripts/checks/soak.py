@@ -3,13 +3,13 @@
     python -m scripts.checks.soak --minutes 10            # its own TorchServe on free ports (make soak)
     python -m scripts.checks.soak --minutes 1 --running   # `make serve`'s server (config.properties)
 
-k6 offers the `digits` lane the digit-7 PNG and the `minilm` lane a few sentences of varied length at a
-constant rate (scripts/checks/loadgen.py, open loop), while batch jobs (scripts/jobs/batch_job.py) run one
+wrk keeps a few connections busy on the `digits` lane (the digit-7 PNG) and on the `minilm` lane (a few
+sentences of varied length) through scripts/checks/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) run one
 after another through `digits-bulk` and `minilm-bulk`. Every worker (pids from the management API) and the
-frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up of the same traffic and
-after the run, both times with no request in flight: resident memory (RSS) and open file descriptors. It
-fails when a process grows past BOUNDS, a worker restarts, a stream request fails or a batch job misses a
-row. Writes build/soak.json.
+frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up (full batches on the stream
+lanes, then the same traffic) and after the run, both times with no request in flight: resident memory
+(RSS) and open file descriptors. It fails when a process grows past BOUNDS, a worker restarts, a stream
+request fails or a batch job misses a row. Writes build/soak.json.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from models.digits.samples import digit_rows, write_jsonl
 from models.minilm.samples import varied_sentences
 from scripts import cli
 from scripts.checks import loadgen
+from scripts.clients.load import send_concurrently
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import JobConfig, run_job
 from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
+from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi
 
@@ -43,9 +45,10 @@ SENTENCES = 4  # per minilm stream request: lengths vary, so the lane pads to di
 DIGIT_JOB_ROWS = 1000
 MINILM_JOB_ROWS = 32
 MINILM_JOB_WORDS = 30  # sentences up to this many words: the lane's cost per row stays near the stream's
-# Requests per second offered to each stream lane (k6, open loop): the same work in every minute whatever the
-# latency, so the two samples compare like with like; low enough for a busy 2-core machine to keep up.
-STREAM_RATES = {"digits": 20, "minilm": 5}
+# Connections wrk keeps busy on each stream lane (closed loop: each sends its next request when the last is
+# answered). A closed loop follows the machine's speed, so a slow or shared machine gets fewer requests, never
+# a queue of timeouts; and no batch grows past what the warm-up's burst already gave the workers.
+STREAM_CONNECTIONS = {"digits": 4, "minilm": 2}
 SAMPLE_EVERY_S = 10.0
 
 
@@ -136,7 +139,7 @@ class ProcessReport:
 
 @dataclass
 class Traffic:
-    """What the soak sent: stream results per lane (k6) and batch jobs per model."""
+    """What the soak sent: stream results per lane (wrk) and batch jobs per model."""
 
     stream: dict[str, loadgen.LoadResult] = field(default_factory=dict)
     jobs: list[dict] = field(default_factory=list)  # {"model", "rows", "predicted", "failed", "seconds"}
@@ -264,10 +267,11 @@ def sample(pids: dict[int, str]) -> dict[int, Sample]:
 
 @dataclass(frozen=True)
 class Workload:
-    """The stream targets and their rates (one per stream lane) and the batch-job inputs (one per bulk lane)."""
+    """The stream targets and their connections (one per stream lane) and the batch-job inputs (one per bulk lane)."""
 
-    stream: dict[str, tuple[loadgen.Target, float]]
+    stream: dict[str, tuple[loadgen.Target, int]]
     jobs: dict[str, tuple[Lane, Path]]  # bulk lane -> (lane, input file)
+    lanes: dict[str, Lane]
 
 
 def workload(lanes: dict[str, Lane], folder: Path) -> Workload:
@@ -282,8 +286,8 @@ def workload(lanes: dict[str, Lane], folder: Path) -> Workload:
         else:
             body, kind = orjson.dumps({"instances": stream_sentences()}), JSON
         target = loadgen.Target(endpoints.prediction_url(name), body, kind, endpoints.token("inference"))
-        stream[name] = (target, STREAM_RATES[lane.model])
-    return Workload(stream, jobs)
+        stream[name] = (target, STREAM_CONNECTIONS[lane.model])
+    return Workload(stream, jobs, lanes)
 
 
 def stream_sentences() -> list[str]:
@@ -302,13 +306,32 @@ def _job_input(model: str, folder: Path) -> Path:
     return path
 
 
+def burst(work: Workload, folder: Path) -> None:
+    """The largest work each lane can get, once: on every stream lane as many requests at once as its
+    workers can batch (batchSize x workers), and one batch job on every bulk lane. After this the workers'
+    allocators already hold what the biggest batch needs, so that is in the first sample, not growth."""
+    for name, (target, _) in work.stream.items():
+        lane = work.lanes[name]
+        settings = ServerConfig.read(lane.config).lane_settings(lane.model)[name]
+        clients = settings.batch_size * settings.workers
+        answers = send_concurrently(lane.endpoints, name, [target.body] * clients, [target.content_type] * clients, clients)
+        failed = [answer.reply.status_code for answer in answers if answer.reply.status_code != 200]
+        if failed:
+            raise SoakError(f"{name}: {len(failed)} of {len(answers)} warm-up requests failed (HTTP {sorted(set(failed))})")
+    for name, (lane, source) in work.jobs.items():
+        _job(name, lane, source, folder)
+
+
 def run_traffic(work: Workload, seconds: float, folder: Path, on_tick=None) -> Traffic:
-    """k6 on every stream lane for `seconds` while batch jobs run one after another on the bulk lanes;
+    """wrk on every stream lane for `seconds` while batch jobs run one after another on the bulk lanes;
     `on_tick` is called every SAMPLE_EVERY_S meanwhile (the sampler)."""
     traffic = Traffic()
     done = threading.Event()
     with ThreadPoolExecutor(max_workers=len(work.stream) + 1, thread_name_prefix="soak") as pool:
-        streams = {lane: pool.submit(loadgen.open_loop, target, rate, seconds) for lane, (target, rate) in work.stream.items()}
+        streams = {
+            lane: pool.submit(loadgen.closed_loop, target, connections, seconds)
+            for lane, (target, connections) in work.stream.items()
+        }
         jobs = pool.submit(_jobs_until, work, time.monotonic() + seconds, folder, done)
         try:
             while not all(future.done() for future in streams.values()):
@@ -328,36 +351,40 @@ def _jobs_until(work: Workload, deadline: float, folder: Path, stop: threading.E
     turns = itertools.cycle(work.jobs.items())
     while time.monotonic() < deadline and not stop.is_set() and work.jobs:
         name, (lane, source) = next(turns)
-        config = JobConfig(
-            model=lane.model,
-            input=source,
-            output=folder / f"{name}.predictions.jsonl",
-            lane=name,
-            overwrite=True,
-            config=lane.config,
-            key_file=lane.key_file,
-            progress_bar=False,
-        )
-        summary = run_job(config)
-        results.append(
-            {
-                "model": lane.model,
-                "rows": summary.total,
-                "predicted": summary.predicted,
-                "failed": summary.failed,
-                "seconds": round(summary.seconds, 2),
-            }
-        )
+        results.append(_job(name, lane, source, folder))
     return results
+
+
+def _job(name: str, lane: Lane, source: Path, folder: Path) -> dict:
+    """One batch job through bulk lane `name`: its rows, predictions and rejections."""
+    config = JobConfig(
+        model=lane.model,
+        input=source,
+        output=folder / f"{name}.predictions.jsonl",
+        lane=name,
+        overwrite=True,
+        config=lane.config,
+        key_file=lane.key_file,
+        progress_bar=False,
+    )
+    summary = run_job(config)
+    return {
+        "model": lane.model,
+        "rows": summary.total,
+        "predicted": summary.predicted,
+        "failed": summary.failed,
+        "seconds": round(summary.seconds, 2),
+    }
 
 
 # --- the soak ------------------------------------------------------------------------------------------------
 
 
-def soak(lanes: dict[str, Lane], minutes: float, warmup_s: float, settle_s: float = 3.0) -> SoakReport:
+def soak(lanes: dict[str, Lane], minutes: float, warmup_s: float, settle_s: float = 2.0) -> SoakReport:
     """Warm up, sample, run `minutes` of traffic (sampling the peak), settle, sample again."""
     with tempfile.TemporaryDirectory(prefix="soak-") as folder:
         work = workload(lanes, Path(folder))
+        burst(work, Path(folder))
         run_traffic(work, warmup_s, Path(folder))
         time.sleep(settle_s)
         pids = processes(lanes)
