@@ -19,26 +19,23 @@ before: the digit-7 PNG is a 7, a sentence gets the embedding it got before the 
 from __future__ import annotations
 
 import copy
-import json
 import random
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import requests
 import schemathesis
 
 from scripts import cli
+from scripts.checks import subject
 from scripts.clients.rest import predict
 from scripts.errors import ScriptError
-from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
+from scripts.layout import BUILD, JSON
 from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi
 
-DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"
 DIGIT_LABEL = 7
 SENTENCE = "A known sentence, embedded before and after the fuzz run."
 EMBEDDING_TOLERANCE = 1e-5  # same input, same worker code: only float summation order may differ
@@ -311,7 +308,7 @@ def lane_state(endpoints: Endpoints, lanes: dict[str, str] = LANES) -> LaneState
 
 def known_answer(endpoints: Endpoints, lane: str, model: str) -> int | list[float]:
     if model == "digits":
-        reply = predict(endpoints, lane, DIGIT_PNG.read_bytes(), "image/png", timeout=120)
+        reply = predict(endpoints, lane, subject.DIGIT_PNG.read_bytes(), "image/png", timeout=120)
         key = "label"
     else:
         reply = predict(endpoints, lane, SENTENCE.encode(), "text/plain; charset=utf-8", timeout=120)
@@ -406,27 +403,15 @@ def check(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.server.temporary import serving_in
-
     parser = cli.parser_for(__doc__)
     parser.add_argument("--max-examples", type=int, default=200, help="examples per lane and phase (default %(default)s)")
     parser.add_argument("--max-time", type=int, default=240, help="stop generating after this many seconds (default %(default)s)")
     parser.add_argument("--seed", type=int, help="hypothesis seed, to replay a run (default: a new one, printed)")
-    parser.add_argument("--running", action="store_true", help="fuzz the server of --config/--key-file instead of starting one")
-    parser.add_argument("--report", type=Path, default=BUILD / "fuzz.json", help="JSON report (default %(default)s)")
-    cli.add_server_options(parser)
+    subject.add_options(parser, BUILD / "fuzz.json")
     args = parser.parse_args(argv)
-    if args.running:
-        report = check(Endpoints.from_config(args.config, args.key_file), args.max_examples, args.max_time, seed=args.seed)
-    else:
-        archives = {name: MODEL_STORE / name for name in ("digits.mar", "minilm.mar")}
-        with tempfile.TemporaryDirectory(prefix="torchserve-fuzz-") as folder:
-            with serving_in(Path(folder), archives) as server:
-                report = check(server.endpoints, args.max_examples, args.max_time, seed=args.seed)
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
-    print(report.text())
-    return 1 if report.failures else 0
+    with subject.subject(args) as server:
+        report = check(server.endpoints, args.max_examples, args.max_time, seed=args.seed)
+    return subject.finish(report, args.report)
 
 
 if __name__ == "__main__":

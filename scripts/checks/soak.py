@@ -15,7 +15,6 @@ request fails or a batch job misses a row. Writes build/soak.json.
 from __future__ import annotations
 
 import itertools
-import json
 import tempfile
 import threading
 import time
@@ -29,17 +28,15 @@ import psutil
 from models.digits.samples import digit_rows, write_jsonl
 from models.minilm.samples import varied_sentences
 from scripts import cli
-from scripts.checks import loadgen
+from scripts.checks import loadgen, subject
 from scripts.clients.load import send_concurrently
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import JobConfig, run_job
-from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
+from scripts.layout import BUILD, JSON
 from scripts.server.config import ServerConfig
-from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi
 
 MIB = 1024 * 1024
-DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"
 SENTENCES = 4  # per minilm stream request: lengths vary, so the lane pads to different shapes
 # Batch jobs small enough to finish within seconds of the run's end, so a short soak is not held up by one.
 DIGIT_JOB_ROWS = 1000
@@ -79,17 +76,11 @@ class SoakError(ScriptError):
 
 
 @dataclass(frozen=True)
-class Lane:
-    """A lane to load: its server (config.properties and key_file.json) and the model whose traffic it takes.
-    Lanes named `<model>-bulk` get batch jobs, the others stream requests."""
+class Lane(subject.Subject):
+    """A lane to load: its server and the model whose traffic it takes. Lanes named `<model>-bulk` get
+    batch jobs, the others stream requests."""
 
-    config: Path
-    key_file: Path
     model: str  # digits | minilm
-
-    @property
-    def endpoints(self) -> Endpoints:
-        return Endpoints.from_config(self.config, self.key_file)
 
 
 @dataclass(frozen=True)
@@ -282,7 +273,7 @@ def workload(lanes: dict[str, Lane], folder: Path) -> Workload:
             continue
         endpoints = lane.endpoints
         if lane.model == "digits":
-            body, kind = DIGIT_PNG.read_bytes(), "image/png"
+            body, kind = subject.DIGIT_PNG.read_bytes(), "image/png"
         else:
             body, kind = orjson.dumps({"instances": stream_sentences()}), JSON
         target = loadgen.Target(endpoints.prediction_url(name), body, kind, endpoints.token("inference"))
@@ -422,27 +413,15 @@ def lanes_of(config: Path, key_file: Path, models: tuple[str, ...] = ("digits", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scripts.server.temporary import serving_in
-
     parser = cli.parser_for(__doc__)
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the measured run (default %(default)s)")
     parser.add_argument("--warmup", type=float, help="seconds of warm-up before the first sample (default: a tenth, 5..30 s)")
-    parser.add_argument("--running", action="store_true", help="soak the server of --config/--key-file instead of starting one")
-    parser.add_argument("--report", type=Path, default=BUILD / "soak.json", help="JSON report (default %(default)s)")
-    cli.add_server_options(parser)
+    subject.add_options(parser, BUILD / "soak.json")
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else default_warmup(args.minutes)
-    if args.running:
-        report = soak(lanes_of(args.config, args.key_file), args.minutes, warmup)
-    else:
-        archives = {name: MODEL_STORE / name for name in ("digits.mar", "minilm.mar")}
-        with tempfile.TemporaryDirectory(prefix="torchserve-soak-") as folder:
-            with serving_in(Path(folder), archives) as server:
-                report = soak(lanes_of(server.config, server.workdir / "key_file.json"), args.minutes, warmup)
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    args.report.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
-    print(report.text())
-    return 1 if report.failures else 0
+    with subject.subject(args) as server:
+        report = soak(lanes_of(server.config, server.key_file), args.minutes, warmup)
+    return subject.finish(report, args.report)
 
 
 if __name__ == "__main__":
