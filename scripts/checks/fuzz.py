@@ -140,7 +140,7 @@ BODIES = {
             "required": ["instances"],
             "properties": {"instances": {"type": "array", "minItems": 1, "items": {"type": "string"}}},
         },
-        "text/plain": {"type": "string"},
+        "text/plain": {"type": "string", "minLength": 1},
     },
 }
 # The contract's answers besides TorchServe's own 404/500/503 (docs/architecture.md §5).
@@ -207,7 +207,7 @@ class FuzzRun:
     statuses: Counter = field(default_factory=Counter)  # HTTP status -> count
     by_lane: Counter = field(default_factory=Counter)  # lane -> requests
     failures: list[str] = field(default_factory=list)  # a failed check, with the request that failed it
-    server_errors: list[Exchange] = field(default_factory=list)  # every 5xx answer, whichever check saw it
+    server_errors: list[Exchange] = field(default_factory=list)  # every 5xx, and every request left unanswered
     errors: list[str] = field(default_factory=list)  # schemathesis could not send or check a case
     stop_reason: str = ""
     seconds: float = 0.0
@@ -252,7 +252,7 @@ def _record(run: FuzzRun, event) -> None:
             run.requests += 1
             run.statuses[exchange.status] += 1
             run.by_lane[exchange.url.rsplit("/predictions/", 1)[-1]] += 1
-            if exchange.status is not None and exchange.status >= 500:
+            if exchange.status is None or exchange.status >= 500:
                 run.server_errors.append(exchange)
         for case_id, checks in recorder.checks.items():
             for check in checks:
@@ -344,7 +344,7 @@ class FuzzReport:
 
     @property
     def failures(self) -> list[str]:
-        found = [f"HTTP {e.status} for bad input: {e.text()}" for e in self.run.server_errors]
+        found = [f"{_status(e.status)} for bad input: {e.text()}" for e in self.run.server_errors]
         found += [f for f in self.run.failures if not f.startswith("not_a_server_error")]
         found += [f"schemathesis could not run a case: {e}" for e in self.run.errors]
         found += changes(self.before, self.after)
@@ -385,6 +385,10 @@ class FuzzReport:
             "failures": self.failures,
             "server_errors": [asdict(exchange) for exchange in run.server_errors],  # whole bodies, to replay
         }
+
+
+def _status(status: int | None) -> str:
+    return f"HTTP {status}" if status is not None else "no answer"
 
 
 def _pids(state: LaneState) -> str:
