@@ -8,7 +8,7 @@ import pytest
 
 from scripts.checks import soak
 
-SOAK_MINUTES = 0.75  # plus the warm-up (a burst, then 5 s of the same traffic) and two 2 s pauses: about a minute
+SOAK_MINUTES = 0.7  # plus the warm-up (a burst, then 5 s of the same traffic) and two 2 s pauses: about a minute
 ROLES = {"frontend", "digits", "digits-bulk", "minilm", "minilm-bulk"}
 
 
