@@ -1,5 +1,5 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
-#                           | batch-job | verify | bench | gpu-check | clean
+#                           | batch-job | verify | bench | fuzz | soak | gpu-check | clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -23,7 +23,7 @@ BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
 .PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench bench-quick gpu-check clean
+	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check clean
 
 # --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
@@ -134,6 +134,16 @@ bench: archive
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.checks.bench_stream --quick --models digits --no-report
+
+# --- hardening (docs/hardening.md): each starts its own TorchServe on free ports, as verify and bench do ----
+# fuzz: schemathesis on the four prediction lanes from TorchServe's own OpenAPI description (repaired), about
+# 4 minutes; fails on a 5xx, a worker restart or a lane that answers differently after. Report: build/fuzz.json.
+# soak: 10 minutes of stream traffic (wrk) on digits and minilm plus batch jobs on both bulk lanes; fails when
+# a worker's or the frontend's RSS or open fds grow past the stated bounds. Report: build/soak.json.
+fuzz: archive
+	$(PY) -m scripts.checks.fuzz
+soak: archive
+	$(PY) -m scripts.checks.soak --minutes 10
 
 clean:
 	rm -rf build model_store/*.mar model_store/*.mar.sha256 logs key_file.json
