@@ -72,7 +72,7 @@ def test_container_config_listens_on_all_interfaces_and_the_repository_config_st
     # Token authorization stays on; paths are absolute because the server starts in the key volume.
     assert container.get("disable_token_authorization", "") == "false"
     assert container.get("enable_envvars_config", "") == "true"
-    assert Path(container.get("model_store", "")).is_absolute() and container.metrics_config.is_absolute()
+    assert all(Path(container.get(key, "")).is_absolute() for key in ("model_store", "metrics_config"))
     assert container.lanes() == repository.lanes()
 
 
