@@ -48,6 +48,7 @@ HEALTHY_TIMEOUT_S = 300
 # podman's and Kubernetes' default grace period: SIGTERM, then SIGKILL (exit 137) when it runs out.
 STOP_GRACE_S = 30
 KEY_IN_IMAGE = "/keys"
+STOP_LINES = ("SIGTERM: ", "TorchServe stopped", "killing ")  # scripts/container/entrypoint.py's account
 ARCHIVE_IN_IMAGE = "/srv/model_store/minilm.mar"
 
 
@@ -66,6 +67,7 @@ class Figures:
     embedding_max_difference: float = 0.0
     stop_s: float = 0.0
     exit_code: int = -1
+    stop_log: str = ""  # the entry point's own account of the stop
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,9 @@ def stop(podman: Podman, container: Container, figures: Figures) -> None:
     podman.run("stop", f"--time={STOP_GRACE_S}", container.name, timeout=STOP_GRACE_S + 30)
     figures.stop_s = time.monotonic() - started
     figures.exit_code = podman.inspect("container", container.name)["State"]["ExitCode"]
+    figures.stop_log = "; ".join(
+        line for line in logs_tail(podman, container.name, 20).splitlines() if line.startswith(STOP_LINES)
+    )
     if figures.exit_code != 0:
         raise ImageTestError(
             f"SIGTERM: exit status {figures.exit_code} after {figures.stop_s:.1f}s, expected 0 "
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         f"image-test passed: base {figures.base_s:.0f}s, build {figures.build_s:.0f}s, "
         f"{figures.image_bytes / 2**30:.2f} GiB, healthy after {figures.healthy_s:.0f}s, digit_7.png -> "
         f"{figures.digits_label} ({figures.digits_score:.4f}), embedding within {figures.embedding_max_difference:.2g}, "
-        f"SIGTERM -> exit {figures.exit_code} in {figures.stop_s:.1f}s"
+        f"SIGTERM -> exit {figures.exit_code} in {figures.stop_s:.1f}s ({figures.stop_log})"
     )
     return 0
 
