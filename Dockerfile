@@ -1,23 +1,47 @@
-# CUDA serving image. PyPI's torch==2.13.0 wheel for Linux x86_64 is the CUDA build and brings the CUDA
-# runtime as nvidia-* wheels, so a slim Python base is enough; the host needs the NVIDIA driver and
-# container toolkit (`docker run --gpus all ...`).
+# The serving image (docs/container.md): TorchServe 0.12 on Java 17, the pinned requirements.txt, both
+# models' archives built here, a non-root user, TorchServe in the foreground under tini.
 #   docker build -t unified-serve .
-#   docker run --gpus all -p 8080-8082:8080-8082 -p 7070-7071:7070-7071 unified-serve
-FROM python:3.11-slim-bookworm
+#   docker run --gpus all -p 127.0.0.1:8080:8080 -v unified-serve-keys:/keys unified-serve
+# BASE must bring python3.11 (with venv) and apt. PyPI's torch==2.13.0 for Linux x86_64 is the CUDA build
+# and brings the CUDA runtime as nvidia-* wheels, so the default slim Python base serves on a GPU (the host
+# needs the NVIDIA driver and container toolkit). `make image-test` builds from a local Debian base instead,
+# with the CPU wheel.
+ARG BASE=python:3.11-slim-bookworm
+FROM ${BASE}
 
+# Java 17 for TorchServe's frontend, tini as PID 1, make for the build steps. Pinned to their release series:
+# Debian's archive keeps only the newest point release, so an exact version would stop building.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless make \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* tini=0.19.* make=4.* \
     && rm -rf /var/lib/apt/lists/*
 
+# The server runs as this user; /srv (code, venv, archives) stays root's and read-only to it. It may write
+# only the key volume (key_file.json) and its logs.
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin torchserve \
+    && mkdir -p /keys /var/log/torchserve \
+    && chown torchserve:torchserve /keys /var/log/torchserve
+
 WORKDIR /srv
+ENV PIP_NO_CACHE_DIR=1
+# The one pinned set, installed by the Makefile's own recipe (a layer of its own: kept while it is unchanged).
 COPY requirements.txt Makefile ./
 RUN make venv PYTHON=python3.11
 
+# Archives (and gRPC stubs) built here; the container's config.properties rendered from the repository's.
 COPY . .
 RUN make archive \
-    # Inside the container's own network namespace the ports must listen on all interfaces to be published.
-    && sed 's/127\.0\.0\.1/0.0.0.0/' config.properties > config.container.properties
+    && .venv/bin/python -m scripts.container.config \
+    && rm -rf build
 
+ENV PATH=/srv/.venv/bin:$PATH \
+    LOG_LOCATION=/var/log/torchserve \
+    METRICS_LOCATION=/var/log/torchserve
+VOLUME ["/keys"]
+USER 10001:10001
+# inference, management, metrics, gRPC inference, gRPC management (config.properties; TS_* variables move them)
 EXPOSE 8080 8081 8082 7070 7071
-# Foreground so the container lives as long as TorchServe; key_file.json is written to /srv.
-CMD [".venv/bin/torchserve", "--start", "--foreground", "--ncs", "--ts-config", "config.container.properties", "--model-store", "model_store"]
+HEALTHCHECK --interval=15s --timeout=10s --start-period=180s --retries=3 \
+    CMD ["/srv/.venv/bin/python", "-m", "scripts.container.healthcheck"]
+ENTRYPOINT ["/usr/bin/tini", "--"]
+CMD ["/srv/.venv/bin/python", "-m", "scripts.container.entrypoint", \
+     "--ts-config", "/srv/config.container.properties", "--key-dir", "/keys"]

@@ -1,5 +1,5 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
-#                           | batch-job | verify | bench | fuzz | soak | gpu-check | clean
+#                           | batch-job | verify | bench | fuzz | soak | gpu-check | image-test | clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -23,7 +23,7 @@ BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
 .PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check clean
+	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check image-test clean
 
 # --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
@@ -144,6 +144,13 @@ fuzz: archive
 	$(PY) -m scripts.checks.fuzz
 soak: archive
 	$(PY) -m scripts.checks.soak --minutes 10
+
+# --- the serving image (docs/container.md) ---------------------------------------------------------------
+# image-test (CI, after make test): builds the Dockerfile with podman from a Debian base made here by mmdebstrap
+# (cached in build/container/), runs it as its non-root user on free ports, classifies a PNG and embeds a sentence
+# through it, then stops it with SIGTERM. Needs root, podman, runc and mmdebstrap (.ci/run installs them).
+image-test: $(STAMP)
+	$(PY) -m scripts.container.image_test
 
 clean:
 	rm -rf build model_store/*.mar model_store/*.mar.sha256 logs key_file.json

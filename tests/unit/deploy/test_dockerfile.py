@@ -1,0 +1,116 @@
+"""The serving image without building it: hadolint at warning level, the Dockerfile's contract with
+scripts/container/, the container's config.properties and the pip settings a build is given.
+The image itself is built and run by `make image-test` (scripts/container/image_test.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts.container.config import KEY_DIR, listener_environment, ports_of, render_container_config
+from scripts.container.healthcheck import inference_address, ping_url
+from scripts.container.pip_settings import PipSettings, named_paths, parse_config_list
+from scripts.layout import CONFIG, ROOT
+from scripts.server.config import ServerConfig
+from scripts.server.process import BIN
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "hadolint"), "--failure-threshold", "warning", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_dockerfile_is_hadolint_clean_at_warning_level():
+    done = hadolint(DOCKERFILE)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == ""
+
+
+def test_hadolint_does_fail_a_bad_dockerfile(tmp_path):
+    # The check above can fail: unpinned packages, root, a latest tag are warnings or worse.
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y curl\nCMD python\n")
+    done = hadolint(bad)
+    assert done.returncode == 1
+    assert "DL3007" in done.stdout and "DL3008" in done.stdout
+
+
+def test_dockerfile_runs_the_server_as_a_non_root_user_under_tini_with_the_key_volume():
+    steps = instructions()
+    assert steps[0] == ("ARG", "BASE=python:3.11-slim-bookworm") and steps[1] == ("FROM", "${BASE}")
+    user = [args for name, args in steps if name == "USER"]
+    assert user and user[-1].split(":")[0] not in ("0", "root")
+    assert ("VOLUME", f'["{KEY_DIR}"]') in steps
+    assert dict(steps)["ENTRYPOINT"] == '["/usr/bin/tini", "--"]'
+    command = dict(steps)["CMD"]
+    assert "scripts.container.entrypoint" in command and f'"--key-dir", "{KEY_DIR}"' in command
+    assert "scripts.container.healthcheck" in dict(steps)["HEALTHCHECK"]
+
+
+def test_container_config_listens_on_all_interfaces_and_the_repository_config_stays_on_loopback(tmp_path):
+    repository = ServerConfig.read(CONFIG)
+    container = ServerConfig.read(render_container_config(tmp_path / "config.container.properties"))
+    assert container.get("inference_address", "") == f"http://0.0.0.0:{ports_of(repository)['inference']}"
+    assert container.get("management_address", "") == f"http://0.0.0.0:{ports_of(repository)['management']}"
+    assert container.get("grpc_inference_address", "") == "0.0.0.0"
+    assert ports_of(container) == ports_of(repository)
+    assert repository.get("inference_address", "").startswith("http://127.0.0.1:")
+    assert repository.get("grpc_inference_address", "") == "127.0.0.1"
+    # Token authorization stays on; paths are absolute because the server starts in the key volume.
+    assert container.get("disable_token_authorization", "") == "false"
+    assert container.get("enable_envvars_config", "") == "true"
+    assert all(Path(container.get(key, "")).is_absolute() for key in ("model_store", "metrics_config"))
+    assert container.lanes() == repository.lanes()
+
+
+def test_listener_environment_moves_every_listener_and_the_health_check_follows():
+    ports = {"inference": 40001, "management": 40002, "metrics": 40003, "grpc_inference": 40004, "grpc_management": 40005}
+    environment = listener_environment({**ports, "workers": 40006})
+    assert environment["TS_INFERENCE_ADDRESS"] == "http://127.0.0.1:40001"
+    assert environment["TS_GRPC_MANAGEMENT_PORT"] == "40005" and environment["TS_INITIAL_WORKER_PORT"] == "40006"
+    config = ServerConfig(Path("c"), {"inference_address": "http://0.0.0.0:8080", "enable_envvars_config": "true"})
+    assert ping_url(inference_address(config, environment)) == "http://127.0.0.1:40001/ping"
+    assert ping_url(inference_address(config, {})) == "http://127.0.0.1:8080/ping"
+    ignored = ServerConfig(Path("c"), {"inference_address": "http://0.0.0.0:8080"})
+    assert inference_address(ignored, environment) == "http://0.0.0.0:8080"  # as TorchServe: variables off
+
+
+def test_pip_settings_merge_like_pip_install_and_name_local_paths(tmp_path):
+    listing = (
+        "global.find-links='/srv/wheels'\n"
+        "global.extra-index-url='file:///srv/index/simple https://example.org/simple'\n"
+        "install.find-links='/srv/other'\n"
+        "freeze.exclude='pip'\n"
+        ":env:.default-timeout='180'\n"
+    )
+    options = parse_config_list(listing)
+    assert options == {
+        "find-links": "/srv/other",
+        "extra-index-url": "file:///srv/index/simple https://example.org/simple",
+        "default-timeout": "180",
+    }
+    # A PEP 503 index's pages link to files beside simple/, so its root is what the build needs.
+    assert named_paths(options["extra-index-url"]) == [Path("/srv/index")]
+    (tmp_path / "wheels" / "sub").mkdir(parents=True)
+    (tmp_path / "ca.crt").write_text("")
+    settings = PipSettings({"find-links": f"{tmp_path}/wheels {tmp_path}/wheels/sub", "cert": f"{tmp_path}/ca.crt", "x": "/nope"})
+    assert settings.local_paths() == [tmp_path / "ca.crt", tmp_path / "wheels"]
+    assert f"find-links = {tmp_path}/wheels {tmp_path}/wheels/sub" in settings.conf_text().splitlines()
+
+
+@pytest.mark.parametrize("line", ["no equals sign", "global.cert", "nosection='x'"])
+def test_pip_settings_skip_lines_that_are_not_settings(line):
+    assert parse_config_list(line) == {}
