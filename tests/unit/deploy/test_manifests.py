@@ -216,9 +216,10 @@ def test_the_pod_config_keeps_token_authorization_and_tells_where_things_are_mou
     mounts = {mount["name"]: mount["mountPath"] for mount in containers["torchserve"]["volumeMounts"]}
     args = containers["torchserve"]["args"]
     assert args[args.index("--ts-config") + 1] == f"{mounts['config']}/config.properties"
-    assert args[args.index("--model-store") + 1] == mounts["model-store"] == pod_config.get("model_store", "")
+    assert args[:3] == ["python", "-m", "scripts.container.entrypoint"]  # the image's clean-stopping command
+    assert args[args.index("--key-dir") + 1] == "/keys"
+    assert mounts["model-store"] == pod_config.get("model_store", "")
     assert pod_config.get("metrics_config", "") == f"{mounts['config']}/metrics.yaml"
-    assert "--foreground" in args
 
 
 def test_the_kserve_config_serves_every_lane_through_kserves_wrapper(tmp_path):
