@@ -20,7 +20,7 @@ from scripts import cli
 from scripts.container.config import CONTAINER_CONFIG, DEFAULT_ADDRESSES, KEY_DIR
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
-from scripts.server.endpoints import read_token
+from scripts.server.endpoints import read_key
 
 TIMEOUT_S = 4.0
 
@@ -42,7 +42,7 @@ def ping_url(address: str) -> str:
 def check(config: Path, key_file: Path) -> None:
     """Returns when /ping says Healthy; else ServerError (or ConfigError: no key_file.json yet)."""
     url = ping_url(inference_address(ServerConfig.read(config)))
-    headers = {"Authorization": f"Bearer {read_token(key_file, 'inference')}"}
+    headers = {"Authorization": f"Bearer {read_key(key_file, 'inference').value}"}
     try:
         reply = requests.get(url, headers=headers, timeout=TIMEOUT_S)
     except requests.RequestException as error:
