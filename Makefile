@@ -23,7 +23,7 @@ BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
 .PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check image-test clean
+	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check image-test test-slow clean
 
 # --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
@@ -85,6 +85,9 @@ format: $(STAMP)
 
 test: lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest
+# test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU.
+test-slow: archive
+	$(PY) -m pytest -m 'slow and not gpu'
 test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
 test-integration: archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256

@@ -9,7 +9,8 @@ import torch
 from handlers.core import select_device
 from tests.unit.formats.conftest import digits_file, digits_scores, format_digits_core
 
-FORMATS = ["export", "torchscript", "aoti", "onnx"]
+# AOTInductor compiles take a minute or more each on 2 cores: `make test-slow` (run by .ci/run) covers them.
+FORMATS = ["export", "torchscript", pytest.param("aoti", marks=pytest.mark.slow), "onnx"]
 FP32_SCORE_TOLERANCE = 1e-5  # absolute, on probabilities
 BF16_SCORE_TOLERANCE = 2e-2  # measured worst 3.2e-3 (autocast) / 2.6e-3 (AOTInductor) on this split
 
@@ -29,7 +30,9 @@ def test_one_row_and_uneven_batches_follow_the_dynamic_batch_axis(fmt, held_out_
     np.testing.assert_allclose(digits_scores(core, held_out_digits[0][:10]), eager_digit_scores[:10], atol=FP32_SCORE_TOLERANCE)
 
 
-@pytest.mark.parametrize(("fmt", "precision"), [("export", "bf16"), ("torchscript", "bf16"), ("aoti", "bf16")])
+@pytest.mark.parametrize(
+    ("fmt", "precision"), [("export", "bf16"), ("torchscript", "bf16"), pytest.param("aoti", "bf16", marks=pytest.mark.slow)]
+)
 def test_bf16_on_the_cpu_keeps_the_labels(fmt, precision, held_out_digits, eager_digit_scores):
     """bf16 by autocast (export, torchscript: the fp32 file) or compiled in (digits.bf16.aoti.pt2)."""
     core = format_digits_core(digits_file(fmt, precision), precision=precision)

@@ -11,7 +11,8 @@ from models.minilm.samples import cosines, reference_embeddings, varied_sentence
 from tests.unit.formats.conftest import format_minilm_core, minilm_embeddings, minilm_file
 from tests.unit.formats.paraphrases import PAIRS, top1
 
-FORMATS = ["export", "torchscript", "aoti", "onnx"]
+# AOTInductor compiles take minutes on 2 cores: `make test-slow` (run by .ci/run) covers them, as bf16 and int8.
+FORMATS = ["export", "torchscript", pytest.param("aoti", marks=pytest.mark.slow), "onnx"]
 BF16_SENTENCES = 96
 BF16_WORST_COSINE = 0.99  # measured: see the formats notes
 INT8_WORST_COSINE = 0.95  # measured worst 0.962, mean 0.988 to fp32 over the 240 sentences
@@ -42,6 +43,7 @@ def test_fp32_embeddings_match_sentence_transformers(fmt, sentences, reference):
 
 # minilm.bf16.aoti.pt2 is left to scripts/checks/bench_formats.py (its compile takes ~3 min on 2 cores; the
 # compiled-in bf16 path is tested on digits).
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "precision"), [("export", "bf16"), ("torchscript", "bf16")])
 def test_bf16_on_the_cpu(fmt, precision, sentences, reference):
     """The first 96 sentences (all hand-written edge cases, the over-long ones included): bf16 autocast is
@@ -60,6 +62,7 @@ def int8_core():
     return format_minilm_core(minilm_file("onnx", "int8"))
 
 
+@pytest.mark.slow
 def test_int8_cosine_to_fp32(int8_core, sentences):
     fp32 = minilm_embeddings(format_minilm_core(minilm_file("onnx")), sentences)
     similarity = cosines(minilm_embeddings(int8_core, sentences), fp32)
@@ -68,6 +71,7 @@ def test_int8_cosine_to_fp32(int8_core, sentences):
     )
 
 
+@pytest.mark.slow
 def test_int8_retrieves_the_same_paraphrases_as_fp32(int8_core):
     """Each first sentence of a pair looks for its nearest among all second sentences."""
     queries, documents = [a for a, _ in PAIRS], [b for _, b in PAIRS]
