@@ -20,6 +20,8 @@ class Task(Protocol):
     name: ClassVar[str]
     # The task's own handler: keys, as a frozen dataclass whose fields have defaults.
     Options: ClassVar[type]
+    # Media type prefixes a raw body may be sent as ("image/", "text/", ...); another gets a 415 before decoding.
+    raw_media: ClassVar[tuple[str, ...]]
 
     def __init__(self, options: Any) -> None: ...
 

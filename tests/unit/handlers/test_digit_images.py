@@ -1,5 +1,8 @@
+import io
+
 import numpy as np
 import pytest
+from PIL import Image
 
 from handlers.digit_images import image_to_grid
 from handlers.errors import RequestError
@@ -28,3 +31,50 @@ def test_not_an_image_is_a_400():
     with pytest.raises(RequestError, match="not a readable image") as caught:
         image_to_grid(b"hello")
     assert caught.value.code == 400
+
+
+def png_header(width: int, height: int, data: bytes | None = None) -> bytes:
+    """A PNG whose header claims width x height; its pixel data is `data` (default: one compressed white row)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    pixels = zlib.compress(b"\x00" + b"\xff" * width) if data is None else data
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+def test_the_pixel_limit_is_checked_from_the_header_before_decoding():
+    # 60000 x 60000 would take 14 GB to decode as RGBA; the header says so in 60 bytes.
+    with pytest.raises(RequestError) as caught:
+        image_to_grid(png_header(60000, 60000), max_pixels=1024 * 1024)
+    assert caught.value.code == 413
+    assert "image is 3600000000 pixels, over the limit of 1048576 pixels (handler.max_image_pixels)" in caught.value.message
+    with pytest.raises(RequestError, match="image is 1025x1024 = 1049600 pixels, over the limit of 1048576") as caught:
+        image_to_grid(png_header(1025, 1024), max_pixels=1024 * 1024)
+    assert caught.value.code == 413
+
+
+def test_an_image_at_the_pixel_limit_is_read():
+    image = io.BytesIO()
+    Image.new("L", (64, 16), 255).save(image, format="PNG")
+    assert image_to_grid(image.getvalue(), max_pixels=64 * 16).sum() == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (png_header(0, 5), "not a readable image: the format is not one of PNG, JPEG"),
+        (scanned_png(held_out(1)[0][0])[:300], "not a readable image (OSError: image file is truncated)"),
+        (png_header(8, 8, data=b"not zlib data"), "not a readable image"),
+        (b"GIF89a" + b"\x00" * 20, "not a readable image"),
+        (b"%!PS-Adobe-3.0 EPSF-3.0\n", "not a readable image: the format is not one of"),  # EPS would run Ghostscript
+    ],
+    ids=["zero width", "truncated", "corrupt pixel data", "corrupt GIF", "EPS"],
+)
+def test_broken_images_are_400s_naming_the_problem(data, message):
+    with pytest.raises(RequestError) as caught:
+        image_to_grid(data)
+    assert caught.value.code == 400 and message in caught.value.message
