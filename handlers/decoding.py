@@ -78,7 +78,7 @@ def read_request(
     headers = headers or {}
     name = "body" if "body" in request else "data" if "data" in request else None
     if name is None:
-        raise _form_fields(request, _media(headers.get("Content-Type")))
+        raise _form_fields(request, _media(next((v for k, v in headers.items() if k.lower() == "content-type"), "")))
     media = _media(headers.get(name))
     payload = read_body(request[name], media)
     if payload.raw:
@@ -167,19 +167,24 @@ def _names(names) -> str:
 
 
 def _form_fields(request: Mapping[str, Any], media: str) -> RequestError:
-    """A form body never reaches us whole. application/x-www-form-urlencoded (curl -d / --data-binary without
-    -H): TorchServe's frontend parses it as a form, URL-decodes it and drops any trailing text without '='
+    """No "body" or "data" parameter. application/x-www-form-urlencoded (curl -d / --data-binary without -H):
+    TorchServe's frontend parses the body as a form, URL-decodes it and drops any trailing text without '='
     ('a sentence' arrives as no fields at all). multipart/form-data: each part is a field by its name.
-    Refuse it rather than guess."""
+    gRPC: the input map's keys are the fields. Refuse it rather than guess."""
     fields = ", ".join(repr(str(name)[:40]) for name in list(request)[:3]) or "none"
+    if media == "application/x-www-form-urlencoded":
+        return RequestError(
+            "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
+            "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
+            "send a real Content-Type: text/plain for one text, an image type for one image, "
+            'or application/json for {"instances": [...]}'
+        )
     if media.startswith("multipart/"):
         return RequestError(
             f'a {media} body must carry its item in a part named "data" or "body" (got parts: {fields}); '
             "or send the item itself as the body with its own Content-Type"
         )
     return RequestError(
-        "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
-        "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
-        "send a real Content-Type: text/plain for one text, an image type for one image, "
-        'or application/json for {"instances": [...]}'
+        f'the request has no "body" or "data" input (got: {fields}): send the item or JSON {{"instances": [...]}} '
+        'as the body (gRPC: input={"body": ...})'
     )

@@ -7,6 +7,7 @@ from handlers.decoding import Payload, RequestLimits, read_body, read_request
 from handlers.errors import RequestError
 
 JSON = {"body": {"content-type": "application/json"}}
+FORM = "application/x-www-form-urlencoded"
 DIGITS = RequestLimits("digits", 4, {"digits-bulk": 10}, ("image/", "application/octet-stream"))
 
 
@@ -34,9 +35,10 @@ def test_text_that_only_looks_like_json_stays_text():
     ("fields", "headers", "message"),
     [
         # `curl --data-binary 'a sentence'`: TorchServe drops a trailing field without '='
-        ({}, {}, "arrived as form fields.*Content-Type: text/plain"),
+        ({}, {"Content-Type": FORM}, "arrived as form fields.*Content-Type: text/plain"),
         # `curl --data-binary 'a sentence & more'`: ' more' is lost
-        ({"a sentence": bytearray(b"")}, {}, "arrived as form fields.*Content-Type: text/plain"),
+        ({"a sentence": bytearray(b"")}, {"Content-Type": FORM}, "arrived as form fields.*Content-Type: text/plain"),
+        ({"image": bytearray(b"x")}, {}, 'no "body" or "data" input \\(got: \'image\'\\).*gRPC: input='),
         ({"file": bytearray(b"x")}, {"Content-Type": "multipart/form-data; boundary=x"}, 'part named "data" or "body"'),
     ],
 )
