@@ -17,22 +17,39 @@ GRID = 8
 BITMAP = 32
 # handler.max_image_pixels' default: decoding costs about 30 bytes of memory per pixel (RGBA, compositing, float).
 DEFAULT_MAX_PIXELS = 1024 * 1024
+# handler.max_request_pixels' default: all images of one request together, which bounds its decoding time.
+DEFAULT_MAX_REQUEST_PIXELS = 16 * DEFAULT_MAX_PIXELS
 # The formats a picture of a digit comes in. Pillow would otherwise try every plugin it has (EPS runs
 # Ghostscript when installed), each one more parser facing hostile bytes.
 FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM")
 
 
-def image_to_grid(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Image bytes -> float32 array (8, 8) in 0..16, ink high, background 0. An image over `max_pixels` is
-    refused from its header, before a pixel is decoded."""
-    grey = _open_grey(data, max_pixels)
+class PixelBudget:
+    """The pixels the images of one request may still have together (handler.max_request_pixels)."""
+
+    def __init__(self, pixels: int) -> None:
+        self.limit = self.left = pixels
+
+    def charge(self, pixels: int) -> None:
+        if pixels > self.left:
+            raise too_large(
+                f"the images of this request have more than {self.limit} pixels together (handler.max_request_pixels): "
+                "send fewer or smaller images per request"
+            )
+        self.left -= pixels
+
+
+def image_to_grid(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, budget: PixelBudget | None = None) -> np.ndarray:
+    """Image bytes -> float32 array (8, 8) in 0..16, ink high, background 0. An image over `max_pixels`, or over
+    what is left of its request's `budget`, is refused from its header, before a pixel is decoded."""
+    grey = _open_grey(data, max_pixels, budget)
     ink = _ink_intensity(grey)
     if grey.shape == (GRID, GRID):
         return (ink * 16.0).astype(np.float32)
     return _fit_to_grid(ink)
 
 
-def _open_grey(data: bytes, max_pixels: int) -> np.ndarray:
+def _open_grey(data: bytes, max_pixels: int, budget: PixelBudget | None) -> np.ndarray:
     try:
         # Image.open reads the header only. Pillow's own bomb check (Image.MAX_IMAGE_PIXELS, which the digits
         # task sets to the same limit) warns above it, where _check_size refuses the image by its size, and
@@ -42,6 +59,8 @@ def _open_grey(data: bytes, max_pixels: int) -> np.ndarray:
             image = Image.open(io.BytesIO(data), formats=FORMATS)
         with image:
             _check_size(image.width, image.height, max_pixels)
+            if budget is not None:
+                budget.charge(image.width * image.height)
             image = image.convert("RGBA")
             # Transparent pixels are paper: composite onto white before going grey.
             paper = Image.new("RGBA", image.size, (255, 255, 255, 255))

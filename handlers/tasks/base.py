@@ -28,6 +28,9 @@ class Task(Protocol):
     def load_model(self, model_path: Path, device: torch.device) -> Any:
         """Load the exported model file (no pickle) onto `device`, ready for forward()."""
 
+    # Optional: `for_request() -> Task`, the decoders for one request, for limits that span its items (the digits
+    # task's pixel budget); InferenceCore.decode calls it once per request when the task has it.
+
     def decode_raw(self, body: bytes | str) -> Any:
         """One raw request body -> one row; raise RequestError naming what is wrong."""
 

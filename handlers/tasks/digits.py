@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from handlers.digit_images import DEFAULT_MAX_PIXELS, GRID, image_to_grid
+from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, PixelBudget, image_to_grid
 from handlers.errors import RequestError, SettingsError
 from handlers.model_files import load_program
 
@@ -30,10 +30,14 @@ NUMBER_TYPES = {int, float}
 class DigitOptions:
     # The most pixels (width x height) an image may have; checked from its header, before decoding.
     max_image_pixels: int = DEFAULT_MAX_PIXELS
+    # The most pixels all images of one request may have together, each counted from its header before it is
+    # decoded: bounds the time one request holds a worker (thousands of large images in one bulk request).
+    max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
 
     def check(self) -> None:
-        if self.max_image_pixels < 1:
-            raise SettingsError(f"handler.max_image_pixels must be a positive integer, got {self.max_image_pixels!r}")
+        for key in ("max_image_pixels", "max_request_pixels"):
+            if getattr(self, key) < 1:
+                raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(self, key)!r}")
 
 
 class DigitClassification:
@@ -42,8 +46,13 @@ class DigitClassification:
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
     raw_media = ("image/", "application/octet-stream")
 
-    def __init__(self, options: DigitOptions) -> None:
+    def __init__(self, options: DigitOptions, budget: PixelBudget | None = None) -> None:
         self.options = options
+        self.budget = budget
+
+    def for_request(self) -> DigitClassification:
+        """The decoders for one request (InferenceCore.decode): its images share one max_request_pixels budget."""
+        return DigitClassification(self.options, PixelBudget(self.options.max_request_pixels))
 
     def load_model(self, model_path: Path, device: torch.device):
         # Pillow's own decompression-bomb guard, set for the process that serves this model (a TorchServe
@@ -54,7 +63,7 @@ class DigitClassification:
     def decode_raw(self, body: bytes | str) -> np.ndarray:
         if isinstance(body, str):
             raise RequestError('expected image bytes (or JSON {"instances": [...]}), got text')
-        return image_to_grid(body, self.options.max_image_pixels)
+        return image_to_grid(body, self.options.max_image_pixels, self.budget)
 
     def decode_instance(self, item: Any) -> np.ndarray:
         if isinstance(item, dict):
@@ -87,7 +96,7 @@ class DigitClassification:
             data = base64.b64decode(item["b64"], validate=True)
         except binascii.Error as error:
             raise RequestError(f"b64 is not valid base64: {error}") from None
-        return image_to_grid(data, self.options.max_image_pixels)
+        return image_to_grid(data, self.options.max_image_pixels, self.budget)
 
     def collate(self, rows: Sequence[np.ndarray], pad_to: int | None) -> torch.Tensor:
         batch = torch.from_numpy(np.stack(rows)).unsqueeze(1)  # (N, 1, 8, 8)
