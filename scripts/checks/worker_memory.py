@@ -100,12 +100,11 @@ PROBES = [
     Probe("digits-bulk", "200000 rows of 64 floats", lambda limit: rows_of(200_000, ROW), OTHER_JSON),
     Probe("digits-bulk", "200000 rows of 64 floats, parsed by TorchServe", lambda limit: rows_of(200_000, ROW), JSON),
     Probe("digits-bulk", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("minilm", "64 texts of 64 KiB", lambda limit: text_rows(64, 64 * 1024), JSON),
+    Probe("minilm", "32 texts of 64 KiB", lambda limit: text_rows(32, 64 * 1024), JSON),
     Probe("minilm", "one text of 64 KiB", lambda limit: ("word " * 13108).encode()[: 64 * 1024], "text/plain"),
     Probe("minilm", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
     Probe("minilm-bulk", "1023 texts of 64 KiB", lambda limit: text_rows(1023, 64 * 1024), JSON),
-    Probe("minilm-bulk", "4096 texts of 16,000 bytes", lambda limit: text_rows(4096, 16_000), JSON),
-    Probe("minilm-bulk", "4096 texts of 256 tokens", lambda limit: text_rows(4096, 1300), JSON),
+    Probe("minilm-bulk", "1024 texts of 256 tokens", lambda limit: text_rows(1024, 1300), JSON),
     Probe("minilm-bulk", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
 ]
 

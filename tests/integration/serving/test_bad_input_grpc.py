@@ -109,8 +109,8 @@ CASES = [
     Case(
         "too many rows for digits", "digits", body(rows(1025)), 413, "send it to lane digits-bulk (up to 200000 rows per request)"
     ),
-    Case("too many rows for minilm", "minilm", body(rows(65)), 413, "lane minilm takes at most 64 rows per request"),
-    Case("too many rows for minilm-bulk", "minilm-bulk", body(rows(4097)), 413, "split it into requests of at most 4096 rows"),
+    Case("too many rows for minilm", "minilm", body(rows(33)), 413, "lane minilm takes at most 32 rows per request"),
+    Case("too many rows for minilm-bulk", "minilm-bulk", body(rows(1025)), 413, "split it into requests of at most 1024 rows"),
     # -- answered by TorchServe's frontend before the handler
     Case("body over max_request_size", "digits", body(OVER_MAX_REQUEST_SIZE), "CANCELLED", "RST_STREAM"),
     Case("unknown model", "nope", body(b"x"), "INTERNAL", "Model not found: nope"),

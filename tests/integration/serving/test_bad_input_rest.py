@@ -123,8 +123,8 @@ CASES = [
     Case("lone surrogate", "minilm", LONE_SURROGATE_JSON, JSON, 400, "instances[0]: text is not valid Unicode: surrogates"),
     # -- rows per request
     Case("too many rows for digits", "digits", rows(1025), JSON, 413, "lane digits takes at most 1024 rows per request"),
-    Case("too many rows for minilm", "minilm", rows(65), JSON, 413, "send it to lane minilm-bulk (up to 4096 rows per request)"),
-    Case("too many rows for minilm-bulk", "minilm-bulk", rows(4097), JSON, 413, "split it into requests of at most 4096 rows"),
+    Case("too many rows for minilm", "minilm", rows(33), JSON, 413, "send it to lane minilm-bulk (up to 1024 rows per request)"),
+    Case("too many rows for minilm-bulk", "minilm-bulk", rows(1025), JSON, 413, "split it into requests of at most 1024 rows"),
     Case("too many rows for digits-bulk", "digits-bulk", rows(200_001), JSON, 413, "at most 200000 rows per request"),
     # -- answered by TorchServe's frontend before the handler
     Case("body over max_request_size", "digits", OVER_MAX_REQUEST_SIZE, PNG, 413, ""),

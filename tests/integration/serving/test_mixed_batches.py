@@ -73,7 +73,7 @@ MINILM_BAD = [
     Bad("instance over the byte limit", instances(["ok", "x" * 65537]), JSON, 413, "instances[1]: text is 65537 bytes"),
     Bad("instance not a string", instances([1.5]), JSON, 400, "instances[0]: expected a string, got float"),
     Bad("lone surrogate", LONE_SURROGATE_JSON, JSON, 400, "instances[0]: text is not valid Unicode"),
-    Bad("too many rows", rows(65), JSON, 413, "takes at most 64 rows per request (handler.max_request_rows): send it to lane"),
+    Bad("too many rows", rows(33), JSON, 413, "takes at most 32 rows per request (handler.max_request_rows): send it to lane"),
     Bad("invalid JSON", b'{"instances": ["a",', JSON, 400, "not valid JSON"),
     Bad("JSON string", b'"a sentence"', JSON, 400, "got a JSON string"),
     Bad("JSON without instances", b'{"text": "a"}', JSON, 400, "got keys ['text']"),
