@@ -3,6 +3,7 @@ instances, checked against the lane's limits before any item is decoded (docs/ha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ import orjson
 from handlers.errors import RequestError, too_large, unsupported_media
 
 INSTANCES = "instances"
+BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")
 # A JSON value's type as a client would name it, for messages.
 JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
@@ -97,11 +99,11 @@ def read_body(value: Any, media: str = "") -> Payload:
     """
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value)
-        if _is_json(media) or (not media.startswith("text/") and value.lstrip()[:1] == b"{"):
+        if _is_json(media) or (not media.startswith("text/") and _first(value) == b"{"):
             return _instances(_parse_json(value, media))
         return _raw(value)
     if isinstance(value, str) and not _is_json(media):
-        parsed = _maybe_json_object(value.encode("utf-8", "surrogatepass"))
+        parsed = _maybe_json_object(value)
         return _instances(parsed) if parsed is not None else _raw(value)
     if value is None and not _is_json(media):
         raise RequestError('empty request: send a raw item as the body or JSON {"instances": [...]}')
@@ -130,7 +132,7 @@ def _instances(body: Any) -> Payload:
 
 
 def _parse_json(data: bytes, media: str) -> Any:
-    if not data.strip():
+    if not _first(data):
         raise RequestError(f'empty request body (Content-Type {media or "none"}): send JSON {{"instances": [...]}}')
     try:
         return orjson.loads(data)
@@ -139,15 +141,21 @@ def _parse_json(data: bytes, media: str) -> Any:
         raise RequestError(f"body is not valid JSON ({why}): {error}") from None
 
 
-def _maybe_json_object(data: bytes) -> dict | None:
+def _maybe_json_object(text: str) -> dict | None:
     """A JSON object with 'instances' sent as text/*; anything else stays a text."""
-    if not data.lstrip()[:1] == b"{":
+    if _first(text) != "{":
         return None
     try:
-        parsed = orjson.loads(data)
+        parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
     return parsed if isinstance(parsed, dict) and INSTANCES in parsed else None
+
+
+def _first(data: bytes | str) -> bytes | str:
+    """The first character that is not JSON whitespace ("" if none), without copying the body."""
+    start = (BLANK_BYTES if isinstance(data, bytes) else BLANK_TEXT).match(data).end()
+    return data[start : start + 1]
 
 
 def _is_json(media: str) -> bool:

@@ -15,7 +15,7 @@ from handlers.errors import RequestError, too_large
 GRID = 8
 # scikit-learn's digits are 32x32 bitmaps counted in 4x4 blocks: each cell is 0..16 inked pixels.
 BITMAP = 32
-# handler.max_image_pixels' default: decoding costs about 30 bytes of memory per pixel (RGBA, compositing, float).
+# handler.max_image_pixels' default: decoding holds several copies of an image (RGBA, composited, float32).
 DEFAULT_MAX_PIXELS = 1024 * 1024
 # handler.max_request_pixels' default: all images of one request together, which bounds its decoding time.
 DEFAULT_MAX_REQUEST_PIXELS = 16 * DEFAULT_MAX_PIXELS
