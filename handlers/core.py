@@ -111,12 +111,14 @@ class InferenceCore:
         return responses  # type: ignore[return-value]
 
     def decode(self, payload: Payload) -> list[Any]:
+        # Limits that span a request's items (the digits task's pixel budget) live in a per-request decoder.
+        task = self.task.for_request() if hasattr(self.task, "for_request") else self.task
         if payload.raw:
-            return [_decoded(self.task.decode_raw, payload.items[0])]
+            return [_decoded(task.decode_raw, payload.items[0])]
         rows = []
         for position, item in enumerate(payload.items):
             try:
-                rows.append(_decoded(self.task.decode_instance, item))
+                rows.append(_decoded(task.decode_instance, item))
             except RequestError as error:
                 raise error.at_row(position) from None
         return rows

@@ -1,14 +1,21 @@
-"""Turn one TorchServe request (its parameter dict) into a Payload: raw single item or JSON instances."""
+"""Turn one TorchServe request (its parameter dict and content type) into a Payload: one raw item or JSON
+instances, checked against the lane's limits before any item is decoded (docs/hardening.md)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from handlers.errors import RequestError
+from handlers.errors import RequestError, too_large, unsupported_media
+
+INSTANCES = "instances"
+BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")
+# A JSON value's type as a client would name it, for messages.
+JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 @dataclass(frozen=True)
@@ -19,30 +26,88 @@ class Payload:
     raw: bool
 
 
-def read_request(request: Mapping[str, Any]) -> Payload:
-    """Decode one entry of the list TorchServe passes to handle()."""
-    if "body" not in request and "data" not in request:
-        raise _form_fields(request)
-    value = request["body"] if "body" in request else request["data"]
-    return read_body(value)
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one lane admits before any item is decoded: rows per request and the media types of a raw body."""
+
+    lane: str = ""
+    # handler.max_request_rows for this lane (None: no limit), and every lane it names, to point a too-large
+    # request at the lane that takes it.
+    max_rows: int | None = None
+    lanes_rows: Mapping[str, int | None] = field(default_factory=dict)
+    # Media type prefixes the task reads as a raw body (Task.raw_media); a body without one (gRPC) always passes.
+    raw_media: tuple[str, ...] = ()
+
+    def check_rows(self, count: int) -> None:
+        if self.max_rows is None or count <= self.max_rows:
+            return
+        raise too_large(
+            f"request has {count} rows; lane {self.lane} takes at most {self.max_rows} rows per request "
+            f"(handler.max_request_rows): {self._instead(count)}"
+        )
+
+    def _instead(self, count: int) -> str:
+        larger = {
+            lane: rows for lane, rows in self.lanes_rows.items() if lane != self.lane and (rows is None or rows > self.max_rows)
+        }
+        if not larger:
+            return f"split it into requests of at most {self.max_rows} rows"
+        lane, rows = max(larger.items(), key=lambda entry: float("inf") if entry[1] is None else entry[1])
+        if rows is None:
+            return f"send it to lane {lane} (no row limit)"
+        if count <= rows:
+            return f"send it to lane {lane} (up to {rows} rows per request)"
+        return f"split it into requests of at most {rows} rows for lane {lane}"
+
+    def check_raw_media(self, media: str) -> None:
+        if not media or not self.raw_media or media.startswith(self.raw_media):
+            return
+        accepted = ", ".join(f"{prefix}*" if prefix.endswith("/") else prefix for prefix in self.raw_media)
+        raise unsupported_media(
+            f"Content-Type {media} is not read here: send one item as {accepted}, "
+            f'or many as application/json {{"instances": [...]}}'
+        )
 
 
-def read_body(value: Any) -> Payload:
-    """A body as TorchServe hands it over: bytes, str (text/*), or parsed JSON (application/json)."""
+NO_LIMITS = RequestLimits()
+
+
+def read_request(
+    request: Mapping[str, Any], headers: Mapping[str, Any] | None = None, limits: RequestLimits = NO_LIMITS
+) -> Payload:
+    """Decode one entry of the list TorchServe passes to handle(). `headers`: context.get_all_request_header(i),
+    which holds each parameter's {"content-type": ...} and the HTTP headers; {} when unknown."""
+    headers = headers or {}
+    name = "body" if "body" in request else "data" if "data" in request else None
+    if name is None:
+        raise _form_fields(request, _media(next((v for k, v in headers.items() if k.lower() == "content-type"), "")))
+    media = _media(headers.get(name))
+    payload = read_body(request[name], media)
+    if payload.raw:
+        limits.check_raw_media(media)
+    else:
+        limits.check_rows(len(payload.items))
+    return payload
+
+
+def read_body(value: Any, media: str = "") -> Payload:
+    """A body as TorchServe hands it over: bytes, str (text/*), or what Python's json parsed (application/json).
+
+    `media` is the body's media type ("" when none was sent: gRPC, or unknown). A JSON type means JSON: a body
+    that does not parse is a 400, never an item. Without one, a body whose first character is "{" is JSON too
+    (gRPC has no content type); text/* keeps a text that only looks like JSON a text.
+    """
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value)
+        if _is_json(media) or (not media.startswith("text/") and _first(value) == b"{"):
+            return _instances(_parse_json(value, media))
+        return _raw(value)
+    if isinstance(value, str) and not _is_json(media):
         parsed = _maybe_json_object(value)
         return _instances(parsed) if parsed is not None else _raw(value)
-    if isinstance(value, str):
-        parsed = _maybe_json_object(value.encode("utf-8"))
-        return _instances(parsed) if parsed is not None else _raw(value)
-    if isinstance(value, dict):
-        if "instances" not in value:
-            raise RequestError(f"JSON body must be an object with an 'instances' list, got keys {sorted(value)[:5]}")
-        return _instances(value)
-    if value is None:
+    if value is None and not _is_json(media):
         raise RequestError('empty request: send a raw item as the body or JSON {"instances": [...]}')
-    raise RequestError(f'JSON body must be an object {{"instances": [...]}}, got a JSON {type(value).__name__}')
+    return _instances(value)
 
 
 def _raw(value: bytes | str) -> Payload:
@@ -51,32 +116,83 @@ def _raw(value: bytes | str) -> Payload:
     return Payload(items=[value], raw=True)
 
 
-def _instances(body: dict) -> Payload:
-    instances = body.get("instances")
+def _instances(body: Any) -> Payload:
+    if not isinstance(body, dict):
+        kind = "null" if body is None else JSON_TYPES.get(type(body), type(body).__name__)
+        raise RequestError(f'JSON body must be an object {{"instances": [...]}}, got a JSON {kind}')
+    if INSTANCES not in body:
+        raise RequestError(f"JSON body must be an object with an 'instances' list, got keys {_names(body)}")
+    unknown = sorted(set(body) - {INSTANCES})
+    if unknown:
+        raise RequestError(f"unknown field(s) {_names(unknown)} in the JSON body: only 'instances' is read")
+    instances = body[INSTANCES]
     if not isinstance(instances, list) or not instances:
         raise RequestError("'instances' must be a non-empty JSON list of items")
     return Payload(items=instances, raw=False)
 
 
-def _maybe_json_object(data: bytes) -> dict | None:
-    """A JSON object with 'instances' sent without a JSON content type; anything else stays raw."""
-    if not data.lstrip()[:1] == b"{":
+def _parse_json(data: bytes, media: str) -> Any:
+    if not _first(data):
+        raise RequestError(f'empty request body (Content-Type {media or "none"}): send JSON {{"instances": [...]}}')
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as error:
+        why = f"Content-Type {media}" if media else 'it starts with "{"'
+        raise RequestError(f"body is not valid JSON ({why}): {error}") from None
+
+
+def _maybe_json_object(text: str) -> dict | None:
+    """A JSON object with 'instances' sent as text/*; anything else stays a text."""
+    if _first(text) != "{":
         return None
     try:
-        parsed = orjson.loads(data)
+        parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    return parsed if isinstance(parsed, dict) and "instances" in parsed else None
+    return parsed if isinstance(parsed, dict) and INSTANCES in parsed else None
 
 
-def _form_fields(request: Mapping[str, Any]) -> RequestError:
-    """A body sent as application/x-www-form-urlencoded (curl -d / --data-binary without -H) never
-    reaches us whole: TorchServe's frontend parses it as a form, URL-decodes it and drops any trailing
-    text without '=' ('a sentence' arrives as no fields at all). Refuse it rather than guess."""
+def _first(data: bytes | str) -> bytes | str:
+    """The first character that is not JSON whitespace ("" if none), without copying the body."""
+    start = (BLANK_BYTES if isinstance(data, bytes) else BLANK_TEXT).match(data).end()
+    return data[start : start + 1]
+
+
+def _is_json(media: str) -> bool:
+    return media == "application/json" or media.endswith("+json")
+
+
+def _media(header: Any) -> str:
+    """The media type, lower case, without parameters: from a parameter's {"content-type": ...} or a header value."""
+    if isinstance(header, Mapping):
+        header = header.get("content-type")
+    return str(header or "").split(";")[0].strip().lower()
+
+
+def _names(names) -> str:
+    shown = [repr(str(name)[:40]) for name in sorted(map(str, names))[:5]]
+    return "[" + ", ".join(shown) + (", ...]" if len(names) > 5 else "]")
+
+
+def _form_fields(request: Mapping[str, Any], media: str) -> RequestError:
+    """No "body" or "data" parameter. application/x-www-form-urlencoded (curl -d / --data-binary without -H):
+    TorchServe's frontend parses the body as a form, URL-decodes it and drops any trailing text without '='
+    ('a sentence' arrives as no fields at all). multipart/form-data: each part is a field by its name.
+    gRPC: the input map's keys are the fields. Refuse it rather than guess."""
     fields = ", ".join(repr(str(name)[:40]) for name in list(request)[:3]) or "none"
+    if media == "application/x-www-form-urlencoded":
+        return RequestError(
+            "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
+            "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
+            "send a real Content-Type: text/plain for one text, an image type for one image, "
+            'or application/json for {"instances": [...]}'
+        )
+    if media.startswith("multipart/"):
+        return RequestError(
+            f'a {media} body must carry its item in a part named "data" or "body" (got parts: {fields}); '
+            "or send the item itself as the body with its own Content-Type"
+        )
     return RequestError(
-        "the body arrived as form fields (got: " + fields + "): TorchServe parses bodies sent as "
-        "application/x-www-form-urlencoded, curl --data's default, and loses text that is not name=value pairs; "
-        "send a real Content-Type: text/plain for one text, an image type for one image, "
-        'or application/json for {"instances": [...]}'
+        f'the request has no "body" or "data" input (got: {fields}): send the item or JSON {{"instances": [...]}} '
+        'as the body (gRPC: input={"body": ...})'
     )

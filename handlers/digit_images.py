@@ -4,38 +4,89 @@ of scikit-learn's digits, the scale the model was trained on."""
 from __future__ import annotations
 
 import io
+import re
+import warnings
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from handlers.errors import RequestError
+from handlers.errors import RequestError, too_large
 
 GRID = 8
 # scikit-learn's digits are 32x32 bitmaps counted in 4x4 blocks: each cell is 0..16 inked pixels.
 BITMAP = 32
-MAX_PIXELS = 4096 * 4096
+# handler.max_image_pixels' default: decoding holds several copies of an image (RGBA, composited, float32).
+DEFAULT_MAX_PIXELS = 1024 * 1024
+# handler.max_request_pixels' default: all images of one request together, which bounds its decoding time.
+DEFAULT_MAX_REQUEST_PIXELS = 16 * DEFAULT_MAX_PIXELS
+# The formats a picture of a digit comes in. Pillow would otherwise try every plugin it has (EPS runs
+# Ghostscript when installed), each one more parser facing hostile bytes.
+FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM")
 
 
-def image_to_grid(data: bytes) -> np.ndarray:
-    """Image bytes -> float32 array (8, 8) in 0..16, ink high, background 0."""
-    grey = _open_grey(data)
+class PixelBudget:
+    """The pixels the images of one request may still have together (handler.max_request_pixels)."""
+
+    def __init__(self, pixels: int) -> None:
+        self.limit = self.left = pixels
+
+    def charge(self, pixels: int) -> None:
+        if pixels > self.left:
+            raise too_large(
+                f"the images of this request have more than {self.limit} pixels together (handler.max_request_pixels): "
+                "send fewer or smaller images per request"
+            )
+        self.left -= pixels
+
+
+def image_to_grid(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, budget: PixelBudget | None = None) -> np.ndarray:
+    """Image bytes -> float32 array (8, 8) in 0..16, ink high, background 0. An image over `max_pixels`, or over
+    what is left of its request's `budget`, is refused from its header, before a pixel is decoded."""
+    grey = _open_grey(data, max_pixels, budget)
     ink = _ink_intensity(grey)
     if grey.shape == (GRID, GRID):
         return (ink * 16.0).astype(np.float32)
     return _fit_to_grid(ink)
 
 
-def _open_grey(data: bytes) -> np.ndarray:
+def _open_grey(data: bytes, max_pixels: int, budget: PixelBudget | None) -> np.ndarray:
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > MAX_PIXELS:
-                raise RequestError(f"image is {image.width}x{image.height} pixels; at most {MAX_PIXELS} pixels are accepted")
+        # Image.open reads the header only. Pillow's own bomb check (Image.MAX_IMAGE_PIXELS, which the digits
+        # task sets to the same limit) warns above it, where _check_size refuses the image by its size, and
+        # raises above twice it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+        with image:
+            _check_size(image.width, image.height, max_pixels)
+            if budget is not None:
+                budget.charge(image.width * image.height)
             image = image.convert("RGBA")
             # Transparent pixels are paper: composite onto white before going grey.
             paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
             return np.asarray(Image.alpha_composite(paper, image).convert("L"), dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as error:
-        raise RequestError(f"body is not a readable image (PNG, JPEG, BMP, ...): {error}") from None
+    except Image.DecompressionBombError as error:
+        pixels = re.search(r"\((\d+) pixels\)", str(error))
+        size = f"{pixels.group(1)} pixels" if pixels else "too large"
+        raise too_large(
+            f"image is {size}, over the limit of {max_pixels} pixels (handler.max_image_pixels): downscale it"
+        ) from None
+    except UnidentifiedImageError:
+        raise RequestError(f"not a readable image: the format is not one of {', '.join(FORMATS)}") from None
+    except RequestError:
+        raise
+    except Exception as error:  # noqa: BLE001 - Pillow's decoders raise OSError, SyntaxError, ValueError, ...
+        raise RequestError(f"not a readable image ({type(error).__name__}: {str(error)[:200]})") from None
+
+
+def _check_size(width: int, height: int, max_pixels: int) -> None:
+    if width * height > max_pixels:
+        raise too_large(
+            f"image is {width}x{height} = {width * height} pixels, over the limit of {max_pixels} pixels "
+            "(handler.max_image_pixels): downscale it"
+        )
+    if width == 0 or height == 0:
+        raise RequestError(f"image is {width}x{height}: it has no pixels")
 
 
 def _ink_intensity(grey: np.ndarray) -> np.ndarray:

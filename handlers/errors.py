@@ -30,3 +30,12 @@ class SettingsError(ValueError):
 
 def out_of_resources(message: str) -> RequestError:
     return RequestError(message, code=507, type="OutOfResources")
+
+
+def too_large(message: str) -> RequestError:
+    """Over a configured limit (rows, pixels, text bytes): the message names the limit and what to do instead."""
+    return RequestError(message, code=413, type="RequestTooLarge")
+
+
+def unsupported_media(message: str) -> RequestError:
+    return RequestError(message, code=415, type="UnsupportedMediaType")

@@ -10,7 +10,10 @@ from handlers.errors import SettingsError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
-CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic", "torch_threads")
+CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic", "torch_threads", "max_request_rows")
+# A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
+PerLane = int | Mapping[str, int | None] | None
+DEFAULT_LANE = "default"
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,11 @@ class HandlerSettings:
     # per core. TorchServe never limits its Python workers'
     # threads: on a CPU, each worker's OpenMP threads then spin on the cores the frontend and the other
     # workers need. Stream lanes scale by workers of one thread each.
-    torch_threads: int | Mapping[str, int] | None = None
+    torch_threads: PerLane = None
+    # The most rows (instances) one request may carry, per lane like torch_threads; null: no row limit. A stream
+    # lane takes what an interactive client sends; a larger request gets a 413 naming the lanes that take it.
+    # Sized so the answer stays under config.properties' max_response_size (docs/hardening.md, "Limits").
+    max_request_rows: PerLane = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -46,6 +53,7 @@ class HandlerSettings:
             precision=str(section.get("precision", cls.precision)),
             deterministic=section.get("deterministic", cls.deterministic),
             torch_threads=section.get("torch_threads", cls.torch_threads),
+            max_request_rows=section.get("max_request_rows", cls.max_request_rows),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -56,17 +64,33 @@ class HandlerSettings:
             raise SettingsError(f"handler.max_batch_rows must be a positive integer, got {self.max_batch_rows!r}")
         if self.precision not in PRECISIONS:
             raise SettingsError(f"handler.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        threads = self.torch_threads
-        counts = threads.values() if isinstance(threads, Mapping) else [threads]
-        if any(count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1) for count in counts):
-            raise SettingsError(
-                f"handler.torch_threads must be a positive integer or {{lane: positive integer or null}}, got {threads!r}"
-            )
+        _check_per_lane("torch_threads", self.torch_threads)
+        _check_per_lane("max_request_rows", self.max_request_rows)
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
 
     def threads_for(self, lane: str) -> int | None:
         """torch threads for a worker of `lane` (TorchServe's model name), None for torch's default."""
-        if isinstance(self.torch_threads, Mapping):
-            return self.torch_threads.get(lane, self.torch_threads.get("default"))
-        return self.torch_threads
+        return _for_lane(self.torch_threads, lane)
+
+    def rows_for(self, lane: str) -> int | None:
+        """The most rows one request may carry on `lane`, None for no limit."""
+        return _for_lane(self.max_request_rows, lane)
+
+    def named_lanes_rows(self) -> dict[str, int | None]:
+        """{lane: row limit} for the lanes max_request_rows names: where a request too large for one lane may go."""
+        if not isinstance(self.max_request_rows, Mapping):
+            return {}
+        return {lane: rows for lane, rows in self.max_request_rows.items() if lane != DEFAULT_LANE}
+
+
+def _for_lane(value: PerLane, lane: str) -> int | None:
+    if isinstance(value, Mapping):
+        return value.get(lane, value.get(DEFAULT_LANE))
+    return value
+
+
+def _check_per_lane(key: str, value: PerLane) -> None:
+    counts = value.values() if isinstance(value, Mapping) else [value]
+    if any(count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1) for count in counts):
+        raise SettingsError(f"handler.{key} must be a positive integer or {{lane: positive integer or null}}, got {value!r}")

@@ -13,7 +13,7 @@ import orjson
 import torch
 
 from handlers.core import InferenceCore, Response, StageTimes, select_device
-from handlers.decoding import read_request
+from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
@@ -32,6 +32,7 @@ class UnifiedHandler:
         # version has answered a probe (scripts/swap/hot_swap.py).
         self.pid = str(os.getpid())
         self.metrics: HandlerMetrics | None = None
+        self.limits = NO_LIMITS
 
     def initialize(self, context) -> None:
         properties = context.system_properties
@@ -42,12 +43,17 @@ class UnifiedHandler:
         configure_logging(context.model_yaml_config)
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
+        lane = context.model_name
+        self.limits = RequestLimits(
+            lane, settings.rows_for(lane), settings.named_lanes_rows(), getattr(self.core.task, "raw_media", ())
+        )
         logger.info(
-            "model %s: task %s on %s, max_batch_rows=%d, precision=%s, deterministic=%s, torch threads=%d",
+            "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, precision=%s, deterministic=%s, torch threads=%d",
             context.model_name,
             settings.task,
             device,
             settings.max_batch_rows,
+            self.limits.max_rows,
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),
@@ -58,7 +64,7 @@ class UnifiedHandler:
     def handle(self, data: list[dict], context) -> list[bytes]:
         started = time.perf_counter()
         stages = StageTimes()
-        payloads = [_read(request) for request in data]
+        payloads = [self._read(request, context, index) for index, request in enumerate(data)]
         stages.decode = time.perf_counter() - started
         responses = self.core.answer(payloads, stages)
         for index, response in enumerate(responses):
@@ -66,11 +72,18 @@ class UnifiedHandler:
             context.set_response_header(index, "X-Batch-Requests", str(len(data)))
             context.set_response_header(index, "X-Worker-Pid", self.pid)
             if response.status != 200:
-                context.set_response_status(response.status, response.body["message"], index)
+                context.set_response_status(response.status, _reason_phrase(response.body["message"]), index)
         encoding = time.perf_counter()
         bodies = [orjson.dumps(response.body) for response in responses]
         self._emit_metrics(responses, stages, started, encoding)
         return bodies
+
+    def _read(self, request: dict, context, index: int):
+        """The request's Payload, or the RequestError that is its answer."""
+        try:
+            return read_request(request, _headers(context, index), self.limits)
+        except RequestError as error:
+            return error
 
     def _emit_metrics(self, responses: list[Response], stages: StageTimes, started: float, encoding: float) -> None:
         """Metrics and the debug line of one batch (handlers/metrics.py); `encoding`: when JSON serialization began."""
@@ -79,8 +92,12 @@ class UnifiedHandler:
         self.metrics.batch(responses, stages, finished - started)
 
 
-def _read(request: dict):
-    try:
-        return read_request(request)
-    except RequestError as error:
-        return error
+def _headers(context, index: int) -> dict:
+    """Request `index`'s headers as the worker got them: each parameter's {"content-type": ...}, the HTTP headers."""
+    return context.get_all_request_header(index) or {}
+
+
+def _reason_phrase(message: str) -> str:
+    """The message as an HTTP reason phrase: one line of ASCII (it may quote what a client sent; the JSON
+    body keeps the message as it is)."""
+    return " ".join(message.splitlines()).encode("ascii", "backslashreplace").decode("ascii")

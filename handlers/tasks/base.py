@@ -20,11 +20,16 @@ class Task(Protocol):
     name: ClassVar[str]
     # The task's own handler: keys, as a frozen dataclass whose fields have defaults.
     Options: ClassVar[type]
+    # Media type prefixes a raw body may be sent as ("image/", "text/", ...); another gets a 415 before decoding.
+    raw_media: ClassVar[tuple[str, ...]]
 
     def __init__(self, options: Any) -> None: ...
 
     def load_model(self, model_path: Path, device: torch.device) -> Any:
         """Load the exported model file (no pickle) onto `device`, ready for forward()."""
+
+    # Optional: `for_request() -> Task`, the decoders for one request, for limits that span its items (the digits
+    # task's pixel budget); InferenceCore.decode calls it once per request when the task has it.
 
     def decode_raw(self, body: bytes | str) -> Any:
         """One raw request body -> one row; raise RequestError naming what is wrong."""

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
-from handlers.digit_images import GRID, image_to_grid
-from handlers.errors import RequestError
+from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, PixelBudget, image_to_grid
+from handlers.errors import RequestError, SettingsError
 from handlers.model_files import load_program
 
 PIXELS = GRID * GRID
@@ -27,23 +28,42 @@ NUMBER_TYPES = {int, float}
 
 @dataclass(frozen=True)
 class DigitOptions:
-    """The digits task has no options of its own: any key beyond the core ones is refused."""
+    # The most pixels (width x height) an image may have; checked from its header, before decoding.
+    max_image_pixels: int = DEFAULT_MAX_PIXELS
+    # The most pixels all images of one request may have together, each counted from its header before it is
+    # decoded: bounds the time one request holds a worker (thousands of large images in one bulk request).
+    max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
+
+    def check(self) -> None:
+        for key in ("max_image_pixels", "max_request_pixels"):
+            if getattr(self, key) < 1:
+                raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(self, key)!r}")
 
 
 class DigitClassification:
     name = "digit_classification"
     Options = DigitOptions
+    # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
+    raw_media = ("image/", "application/octet-stream")
 
-    def __init__(self, options: DigitOptions) -> None:
+    def __init__(self, options: DigitOptions, budget: PixelBudget | None = None) -> None:
         self.options = options
+        self.budget = budget
+
+    def for_request(self) -> DigitClassification:
+        """The decoders for one request (InferenceCore.decode): its images share one max_request_pixels budget."""
+        return DigitClassification(self.options, PixelBudget(self.options.max_request_pixels))
 
     def load_model(self, model_path: Path, device: torch.device):
+        # Pillow's own decompression-bomb guard, set for the process that serves this model (a TorchServe
+        # worker serves one): it warns above this many pixels and refuses twice as many, wherever an image opens.
+        Image.MAX_IMAGE_PIXELS = self.options.max_image_pixels
         return load_program(model_path, device)
 
     def decode_raw(self, body: bytes | str) -> np.ndarray:
         if isinstance(body, str):
             raise RequestError('expected image bytes (or JSON {"instances": [...]}), got text')
-        return image_to_grid(body)
+        return image_to_grid(body, self.options.max_image_pixels, self.budget)
 
     def decode_instance(self, item: Any) -> np.ndarray:
         if isinstance(item, dict):
@@ -76,7 +96,7 @@ class DigitClassification:
             data = base64.b64decode(item["b64"], validate=True)
         except binascii.Error as error:
             raise RequestError(f"b64 is not valid base64: {error}") from None
-        return image_to_grid(data)
+        return image_to_grid(data, self.options.max_image_pixels, self.budget)
 
     def collate(self, rows: Sequence[np.ndarray], pad_to: int | None) -> torch.Tensor:
         batch = torch.from_numpy(np.stack(rows)).unsqueeze(1)  # (N, 1, 8, 8)

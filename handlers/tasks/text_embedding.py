@@ -14,13 +14,16 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from handlers.errors import RequestError, SettingsError
+from handlers.errors import RequestError, SettingsError, too_large
 from handlers.model_files import load_program
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.json"
 # The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
 EXPORTED_MAX_SEQ_LENGTH = 256
 PAD_TOKEN = "[PAD]"
+# handler.max_text_bytes' default: 256 tokens of any language fit in far less, and tokenizing 64 KiB takes
+# milliseconds (a whole text is tokenized before it is cut to max_seq_length tokens).
+DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,28 @@ class TextEmbeddingOptions:
     tokenizer_file: str = DEFAULT_TOKENIZER_FILE
     # Longer texts are cut to this many tokens ([CLS] and [SEP] included) and answered with "truncated": true.
     max_seq_length: int = EXPORTED_MAX_SEQ_LENGTH
+    # The most UTF-8 bytes one text may have; checked before it is tokenized. Longer texts get a 413.
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES
 
     def check(self) -> None:
         if not 2 <= self.max_seq_length <= EXPORTED_MAX_SEQ_LENGTH:
             raise SettingsError(
                 f"handler.max_seq_length must be an integer in 2..{EXPORTED_MAX_SEQ_LENGTH}, got {self.max_seq_length!r}"
             )
+        if self.max_text_bytes < 1:
+            raise SettingsError(f"handler.max_text_bytes must be a positive integer, got {self.max_text_bytes!r}")
 
 
 class TextEmbedding:
     name = "text_embedding"
     Options = TextEmbeddingOptions
+    # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
+    raw_media = ("text/", "application/octet-stream")
 
     def __init__(self, options: TextEmbeddingOptions) -> None:
         self.tokenizer_file = options.tokenizer_file
         self.max_seq_length = options.max_seq_length
+        self.max_text_bytes = options.max_text_bytes
         self.tokenizer: Tokenizer | None = None
         self.pad_id = 0
 
@@ -76,16 +86,37 @@ class TextEmbedding:
 
     def decode_raw(self, body: bytes | str) -> TokenizedText:
         if isinstance(body, (bytes, bytearray)):
+            self._check_size(len(body))
             try:
                 body = bytes(body).decode("utf-8")
             except UnicodeDecodeError as error:
                 raise RequestError(f'body must be UTF-8 text (or JSON {{"instances": [str, ...]}}): {error}') from None
-        return self._tokenize(body)
+        return self._tokenize(self._checked(body))
 
     def decode_instance(self, item: Any) -> TokenizedText:
         if not isinstance(item, str):
             raise RequestError(f"expected a string, got {type(item).__name__}")
-        return self._tokenize(item)
+        return self._tokenize(self._checked(item))
+
+    def _checked(self, text: str) -> str:
+        """`text` if it is within max_text_bytes and valid Unicode: a 413 or 400 naming what is wrong otherwise."""
+        if len(text) > 4 * self.max_text_bytes:  # a character is 1 to 4 bytes: no need to encode a text far over
+            self._check_size(len(text), at_least=True)
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as error:  # a lone surrogate from a JSON "\ud800" escape
+            raise RequestError(f"text is not valid Unicode: {error.reason} at character {error.start}") from None
+        self._check_size(size)
+        # Control characters, NUL included, are text here: the tokenizer drops them, as sentence-transformers does.
+        return text
+
+    def _check_size(self, size: int, at_least: bool = False) -> None:
+        if size > self.max_text_bytes:
+            raise too_large(
+                f"text is {'at least ' if at_least else ''}{size} bytes, over the limit of {self.max_text_bytes} bytes "
+                "(handler.max_text_bytes); "
+                f"only its first {self.max_seq_length} tokens are embedded anyway: send a shorter text"
+            )
 
     def _tokenize(self, text: str) -> TokenizedText:
         # An empty or blank text becomes [CLS][SEP], as in sentence-transformers; it has an embedding too.

@@ -1,7 +1,14 @@
+"""Reading one request as TorchServe hands it over: the value (bytes, str or what Python's json parsed), its
+content type, and the lane's limits; every refusal is a RequestError with a 4xx naming the problem."""
+
 import pytest
 
-from handlers.decoding import Payload, read_request
+from handlers.decoding import Payload, RequestLimits, read_body, read_request
 from handlers.errors import RequestError
+
+JSON = {"body": {"content-type": "application/json"}}
+FORM = "application/x-www-form-urlencoded"
+DIGITS = RequestLimits("digits", 4, {"digits-bulk": 10}, ("image/", "application/octet-stream"))
 
 
 def test_raw_bytes_are_one_item():
@@ -9,44 +16,111 @@ def test_raw_bytes_are_one_item():
 
 
 def test_parsed_json_instances_are_many_items():
-    payload = read_request({"body": {"instances": [[1] * 64, [2] * 64]}})
+    payload = read_request({"body": {"instances": [[1] * 64, [2] * 64]}}, JSON)
     assert not payload.raw and len(payload.items) == 2
 
 
-def test_json_instances_sent_as_bytes_without_json_content_type():
-    payload = read_request({"data": b' {"instances": ["a", "b"]}'})
+@pytest.mark.parametrize("media", ["", "application/octet-stream", "application/vnd.instances+json", "application/json"])
+def test_json_instances_sent_as_bytes_are_parsed_whatever_the_type_says(media):
+    payload = read_request({"data": b' {"instances": ["a", "b"]}'}, {"data": {"content-type": media}})
     assert payload == Payload(items=["a", "b"], raw=False)
 
 
-def test_text_that_only_looks_like_json_stays_raw():
-    assert read_request({"body": "{not json"}) == Payload(items=["{not json"], raw=True)
+def test_text_that_only_looks_like_json_stays_text():
+    assert read_request({"body": "{not json"}, {"body": {"content-type": "text/plain"}}) == Payload(["{not json"], raw=True)
+    assert read_body('{"instances": ["a"]}', "text/plain") == Payload(items=["a"], raw=False)
 
 
 @pytest.mark.parametrize(
-    "fields",
+    ("fields", "headers", "message"),
     [
-        {},  # `curl --data-binary 'a sentence'`: TorchServe drops a trailing field without '='
-        {"a sentence": bytearray(b"")},  # `curl --data-binary 'a sentence & more'`: ' more' is lost
+        # `curl --data-binary 'a sentence'`: TorchServe drops a trailing field without '='
+        ({}, {"Content-Type": FORM}, "arrived as form fields.*Content-Type: text/plain"),
+        # `curl --data-binary 'a sentence & more'`: ' more' is lost
+        ({"a sentence": bytearray(b"")}, {"Content-Type": FORM}, "arrived as form fields.*Content-Type: text/plain"),
+        ({"image": bytearray(b"x")}, {}, 'no "body" or "data" input \\(got: \'image\'\\).*gRPC: input='),
+        ({"file": bytearray(b"x")}, {"Content-Type": "multipart/form-data; boundary=x"}, 'part named "data" or "body"'),
     ],
 )
-def test_form_encoded_bodies_are_refused_with_the_fix(fields):
+def test_form_bodies_are_refused_with_the_fix(fields, headers, message):
     # What TorchServe 0.12 really hands over for form bodies: the text cannot be put back together.
-    with pytest.raises(RequestError, match="arrived as form fields.*Content-Type: text/plain") as caught:
-        read_request(fields)
+    with pytest.raises(RequestError, match=message) as caught:
+        read_request(fields, headers)
     assert caught.value.code == 400
+
+
+# (name, value as the worker gets it, its content type, expected code, expected substring of the message)
+BAD_BODIES = [
+    (
+        "no instances key",
+        {"inputs": []},
+        "application/json",
+        400,
+        "must be an object with an 'instances' list, got keys ['inputs']",
+    ),
+    ("unknown field", {"instances": [1], "extra": 2}, "application/json", 400, "unknown field(s) ['extra']"),
+    ("empty instances", {"instances": []}, "application/json", 400, "non-empty JSON list"),
+    ("instances not a list", {"instances": "x"}, "application/json", 400, "non-empty JSON list"),
+    ("JSON array", [1, 2], "application/json", 400, "got a JSON array"),
+    ("JSON string", "text", "application/json", 400, "got a JSON string"),
+    ("JSON number", 3.5, "application/json", 400, "got a JSON number"),
+    ("JSON true", True, "application/json", 400, "got a JSON boolean"),
+    ("JSON null", None, "application/json", 400, "got a JSON null"),
+    ("invalid JSON", b'{"instances": [1,', "application/json", 400, "not valid JSON (Content-Type application/json)"),
+    ("invalid +json", b"[1, 2", "application/vnd.instances+json", 400, "not valid JSON"),
+    ("NaN as +json", b'{"instances": [NaN]}', "application/vnd.instances+json", 400, "not valid JSON"),
+    ("too deep", b"[" * 2000 + b"]" * 2000, "application/json", 400, "not valid JSON"),
+    ("broken JSON, no type", b'{"instances": ', "", 400, 'not valid JSON (it starts with "{")'),
+    ("object without instances, no type", b'{"text": "a"}', "", 400, "got keys ['text']"),
+    ("empty JSON body", b"", "application/json", 400, "empty request body (Content-Type application/json)"),
+    ("blank JSON body", b"  \n", "application/json", 400, "empty request body"),
+    ("empty raw body", b"", "", 400, "empty request body"),
+    ("empty text body", "", "text/plain", 400, "empty request body"),
+]
+
+
+@pytest.mark.parametrize(("value", "media", "code", "message"), [case[1:] for case in BAD_BODIES], ids=[c[0] for c in BAD_BODIES])
+def test_bad_bodies_are_4xx_naming_the_problem(value, media, code, message):
+    with pytest.raises(RequestError) as caught:
+        read_request({"body": value}, {"body": {"content-type": media}})
+    assert caught.value.code == code
+    assert message in caught.value.message
 
 
 @pytest.mark.parametrize(
-    ("request_", "message"),
+    ("rows", "limits", "message"),
     [
-        ({"body": {"inputs": []}}, "must be an object with an 'instances' list"),
-        ({"body": {"instances": []}}, "non-empty JSON list"),
-        ({"body": {"instances": "x"}}, "non-empty JSON list"),
-        ({"body": [1, 2]}, "got a JSON list"),
-        ({"body": b""}, "empty request body"),
+        (
+            5,
+            DIGITS,
+            "request has 5 rows; lane digits takes at most 4 rows per request (handler.max_request_rows): "
+            "send it to lane digits-bulk (up to 10 rows per request)",
+        ),
+        (11, DIGITS, "split it into requests of at most 10 rows for lane digits-bulk"),
+        (5, RequestLimits("digits", 4, {"digits": 4, "digits-bulk": None}), "send it to lane digits-bulk (no row limit)"),
+        (5, RequestLimits("digits-seq", 4, {}), "split it into requests of at most 4 rows"),
     ],
 )
-def test_bad_bodies_are_400s_naming_the_problem(request_, message):
-    with pytest.raises(RequestError, match=message) as caught:
-        read_request(request_)
-    assert caught.value.code == 400
+def test_a_request_over_the_lanes_row_limit_is_a_413_naming_the_limit_and_the_lane_to_use(rows, limits, message):
+    with pytest.raises(RequestError) as caught:
+        read_request({"body": {"instances": [[0] * 64] * rows}}, JSON, limits)
+    assert (caught.value.code, caught.value.type) == (413, "RequestTooLarge")
+    assert message in caught.value.message
+
+
+def test_a_request_at_the_row_limit_passes():
+    assert len(read_request({"body": {"instances": [[0] * 64] * 4}}, JSON, DIGITS).items) == 4
+
+
+@pytest.mark.parametrize("media", ["image/png", "image/jpeg", "application/octet-stream", ""])
+def test_a_raw_body_of_a_media_type_the_task_reads_passes(media):
+    assert read_request({"body": b"\x89PNG"}, {"body": {"content-type": media}}, DIGITS).raw
+
+
+@pytest.mark.parametrize("media", ["text/plain", "audio/wav", "application/pdf"])
+def test_a_raw_body_of_another_media_type_is_a_415_naming_what_is_read(media):
+    value = "text" if media.startswith("text/") else b"bytes"
+    with pytest.raises(RequestError) as caught:
+        read_request({"body": value}, {"body": {"content-type": media}}, DIGITS)
+    assert caught.value.code == 415
+    assert f"Content-Type {media} is not read here: send one item as image/*, application/octet-stream" in caught.value.message

@@ -38,6 +38,11 @@ def test_reads_handler_section_and_keeps_task_options():
             {"task": "x", "model_file": "m", "torch_threads": {"digits": True}},
             "torch_threads must be a positive integer or \\{lane: positive integer or null\\}, got \\{'digits': True\\}",
         ),
+        (
+            {"task": "x", "model_file": "m", "max_request_rows": {"digits": 0}},
+            "max_request_rows must be a positive integer or \\{lane: positive integer or null\\}, got \\{'digits': 0\\}",
+        ),
+        ({"task": "x", "model_file": "m", "max_request_rows": "1024"}, "max_request_rows must be a positive integer"),
     ],
 )
 def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, message):
@@ -51,13 +56,20 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         (
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
-            "task, model_file, max_batch_rows, precision, deterministic, torch_threads$",
+            "task, model_file, max_batch_rows, precision, deterministic, torch_threads, max_request_rows, max_image_pixels, "
+            "max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
-            "unknown key\\(s\\) tokenizer for task text_embedding; allowed keys: .*tokenizer_file, max_seq_length$",
+            "unknown key\\(s\\) tokenizer for task text_embedding; allowed keys: .*max_seq_length, max_text_bytes$",
         ),
         ({"task": "text_embedding", "model_file": "m.pt2", "tokenizer_file": 3}, "handler.tokenizer_file must be str, got 3"),
+        (
+            {"task": "text_embedding", "model_file": "m.pt2", "max_text_bytes": 0},
+            "handler.max_text_bytes must be a positive integer",
+        ),
+        ({"task": "digit_classification", "model_file": "m.pt2", "max_image_pixels": -1}, "max_image_pixels must be a positive"),
+        ({"task": "digit_classification", "model_file": "m.pt2", "max_image_pixels": 1e6}, "max_image_pixels must be int"),
         (
             {"task": "nope", "model_file": "m.pt2"},
             "unknown handler.task 'nope'; known tasks: digit_classification, text_embedding",
@@ -84,3 +96,14 @@ def test_torch_threads_are_set_for_all_lanes_or_per_lane():
     per_lane = settings({"default": 1, "digits-bulk": None})
     assert [per_lane.threads_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1, 1, None]
     assert settings({"digits": 1}).threads_for("digits-bulk") is None
+
+
+def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_take_more():
+    def settings(rows):
+        return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "max_request_rows": rows}})
+
+    assert settings(None).rows_for("digits") is None and settings(None).named_lanes_rows() == {}
+    assert settings(100).rows_for("digits-bulk") == 100
+    per_lane = settings({"default": 1024, "digits-bulk": None})
+    assert [per_lane.rows_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1024, 1024, None]
+    assert per_lane.named_lanes_rows() == {"digits-bulk": None}

@@ -115,12 +115,31 @@ def test_bad_items_fail_alone_with_a_message_naming_them(core):
     assert len(responses[2].body["predictions"][0]["embedding"]) == 384
 
 
-def test_an_item_the_tokenizer_refuses_fails_alone(core):
+def test_text_that_is_not_valid_unicode_fails_alone(core):
     """JSON may carry a lone surrogate ("\\ud800"), which Python's json accepts and the tokenizer rejects."""
     responses = core.answer([Payload(items=["fine", "bad \ud800"], raw=False), Payload(items=["still served"], raw=False)])
     assert [r.status for r in responses] == [400, 200]
-    assert responses[0].body["message"] == "instances[1]: the item could not be decoded: TypeError: TextInputSequence must be str"
+    assert responses[0].body["message"] == "instances[1]: text is not valid Unicode: surrogates not allowed at character 4"
     assert len(responses[1].body["predictions"][0]["embedding"]) == 384
+
+
+def test_the_text_byte_limit_is_checked_before_tokenizing(minilm_dir):
+    task = build_task(minilm_settings(max_text_bytes=100))
+    task.tokenizer = None  # never loaded: a text that reached the tokenizer would fail with an AttributeError
+    for text, size in [("x" * 101, "101 bytes"), ("é" * 60, "120 bytes"), ("x" * 401, "at least 401 bytes")]:
+        with pytest.raises(RequestError) as caught:
+            task.decode_instance(text)
+        assert caught.value.code == 413
+        assert caught.value.message.startswith(f"text is {size}, over the limit of 100 bytes (handler.max_text_bytes)")
+    with pytest.raises(RequestError, match="text is 101 bytes, over the limit of 100 bytes") as caught:
+        task.decode_raw(b"x" * 101)
+    assert caught.value.code == 413
+
+
+def test_a_text_at_the_byte_limit_is_embedded(minilm_dir):
+    task = build_task(minilm_settings(max_text_bytes=100))
+    task.load_model(minilm_dir / "minilm.pt2", torch.device("cpu"))
+    assert task.decode_raw(("é" * 50).encode()).ids[0] == 101  # [CLS]
 
 
 def test_micro_batches_are_padded_to_their_longest_row(minilm_dir):

@@ -20,7 +20,10 @@ from scripts.layout import ROOT
 MODULE = importlib.import_module("handlers.torchserve_handler")
 
 
-def make_context(model_dir: Path, requests: int, metrics_config: Path | None = None, **yaml_sections) -> Context:
+def make_context(
+    model_dir: Path, requests: int, metrics_config: Path | None = None, media: list[str] | None = None, **yaml_sections
+) -> Context:
+    """A Context for a batch of `requests`; `media`: each request body's content type, as the frontend passes it."""
     metrics = MetricsCacheYamlImpl(config_file_path=str(metrics_config or ROOT / "monitoring" / "metrics.yaml"))
     metrics.initialize_cache()
     config = {**yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text()), **yaml_sections}
@@ -34,7 +37,8 @@ def make_context(model_dir: Path, requests: int, metrics_config: Path | None = N
         metrics=metrics,
         model_yaml_config=config,
     )
-    context.request_processor = [RequestProcessor({}) for _ in range(requests)]
+    media = media or [""] * requests
+    context.request_processor = [RequestProcessor({"body": {"content-type": media[index]}}) for index in range(requests)]
     context.request_ids = {index: f"request-{index}" for index in range(requests)}
     metrics.request_ids = context.request_ids
     return context
@@ -73,6 +77,33 @@ def test_one_response_per_request_in_order_with_per_request_status(handler, digi
     assert bodies[3]["code"] == 400 and "empty request body" in bodies[3]["message"]
     assert all(context.get_response_content_type(i) == "application/json" for i in range(4))
     assert context.get_response_headers(0)["X-Batch-Requests"] == "4"
+
+
+def test_each_request_is_read_by_its_content_type_and_checked_against_the_lanes_limits(handler, digits_model_dir):
+    grids, labels = held_out(2)
+    requests = [
+        # application/json that does not parse: TorchServe's worker hands over the bytes
+        ({"body": bytearray(b'{"instances": [')}, "application/json"),
+        ({"body": {"instances": [[0] * 64] * 1025}}, "application/json"),  # one row over the digits lane's 1024
+        ({"body": "a sentence"}, "text/plain"),  # a raw body of a type the digits task does not read
+        ({"body": {"instances": [grids[0].tolist()], "extra": 1}}, "application/json"),
+        ({"body": {"instances": [[1] * 63 + ["é\n"]]}}, "application/json"),  # the message quotes a non-ASCII value
+        ({"body": bytearray(grid_png(grids[1]))}, "image/png"),
+    ]
+    context = make_context(digits_model_dir, len(requests), media=[media for _, media in requests])
+    bodies = [orjson.loads(body) for body in handler.handle([request for request, _ in requests], context)]
+    assert [context.get_response_status(i)[0] for i in range(len(requests))] == [400, 413, 415, 400, 400, 200]
+    assert bodies[0]["message"].startswith("body is not valid JSON (Content-Type application/json): unexpected end of data")
+    assert bodies[1]["message"] == (
+        "request has 1025 rows; lane digits takes at most 1024 rows per request (handler.max_request_rows): "
+        "send it to lane digits-bulk (up to 200000 rows per request)"
+    )
+    assert bodies[2]["message"].startswith("Content-Type text/plain is not read here: send one item as image/*")
+    assert bodies[3]["message"] == "unknown field(s) ['extra'] in the JSON body: only 'instances' is read"
+    # The JSON body keeps the message as it is; the HTTP reason phrase is one line of ASCII.
+    assert bodies[4]["message"] == "instances[0]: expected 64 values in 0..16, got 'é\\n'"
+    assert context.get_response_status(4)[1] == "instances[0]: expected 64 values in 0..16, got '\\xe9\\n'"
+    assert bodies[5]["label"] == labels[1]
 
 
 def test_batch_metrics_are_emitted(handler, digits_model_dir, caplog):
