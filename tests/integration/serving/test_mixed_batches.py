@@ -87,7 +87,7 @@ def mixed_lane(server, archive: str):
     """`<model>-mixed`: `archive` registered with batching that holds concurrent requests together."""
     lane = archive.removesuffix(".mar") + "-mixed"
     api = ManagementApi(server.endpoints)
-    api.register(lane, archive, MIXED)
+    api.register(lane, server.model_store / archive, MIXED)
     try:
         yield lane
     finally:
