@@ -9,6 +9,11 @@ import orjson
 
 from models.digits.samples import held_out, scanned_png
 
+# The content types the bad-input tables send.
+JSON = "application/json"
+PNG = "image/png"
+TEXT = "text/plain; charset=utf-8"
+
 NOT_AN_IMAGE = b"these bytes are no image"
 NUL_BYTES = b"\x00" * 64
 NOT_UTF8 = b"caf\xe9 latin-1, not UTF-8"

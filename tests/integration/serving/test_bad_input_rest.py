@@ -18,11 +18,14 @@ from scripts.swap.management import ManagementApi
 from tests.malformed import (
     DEEP_JSON,
     INFINITY_JSON,
+    JSON,
     LONE_SURROGATE_JSON,
     NAN_JSON,
     NOT_AN_IMAGE,
     NOT_UTF8,
     NUL_BYTES,
+    PNG,
+    TEXT,
     digits_row,
     instances,
     png_header,
@@ -30,9 +33,6 @@ from tests.malformed import (
     truncated_png,
 )
 
-JSON = "application/json"
-PNG = "image/png"
-TEXT = "text/plain; charset=utf-8"
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data; boundary=x"
 MULTIPART_FILE = b'--x\r\nContent-Disposition: form-data; name="file"\r\nContent-Type: image/png\r\n\r\nPNG\r\n--x--\r\n'

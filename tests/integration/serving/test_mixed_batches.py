@@ -21,10 +21,13 @@ from scripts.jobs.runners import load_core
 from scripts.server.config import LaneSettings
 from scripts.swap.management import ManagementApi
 from tests.malformed import (
+    JSON,
     LONE_SURROGATE_JSON,
     NAN_JSON,
     NOT_AN_IMAGE,
     NOT_UTF8,
+    PNG,
+    TEXT,
     digits_row,
     instances,
     png_header,
@@ -32,9 +35,6 @@ from tests.malformed import (
     truncated_png,
 )
 
-JSON = "application/json"
-PNG = "image/png"
-TEXT = "text/plain; charset=utf-8"
 MIXED = LaneSettings(batch_size=32, max_batch_delay=1000, response_timeout=120, workers=1)
 
 
