@@ -55,6 +55,8 @@ def emitted(caplog) -> list[tuple[str, float, dict[str, str]]]:
     """The worker's metric lines, `[METRICS]Name.Unit:value|#dim:value,...|#type:...`, as (name, value, dims)."""
     lines = []
     for message in caplog.messages:
+        if not message.startswith("[METRICS]"):
+            continue  # e.g. the handler's warning line per failed request
         head, dimensions = message.removeprefix("[METRICS]").split("|")[:2]
         name, value = head.split(":")
         dims = dict(pair.split(":") for pair in dimensions.removeprefix("#").split(","))
@@ -116,6 +118,7 @@ def test_debug_logging_writes_one_line_per_batch_and_info_nothing_per_request(di
     data = [{"body": bytearray(grid_png(grid))} for grid in grids]
     quiet = MODULE.UnifiedHandler()
     quiet.initialize(make_context(digits_model_dir, 0))
+    caplog.clear()  # the worker's start line, at info
     with caplog.at_level(logging.INFO):  # what TorchServe's worker logs by default
         quiet.handle(data, make_context(digits_model_dir, len(data)))
     assert not [r for r in caplog.records if r.name.startswith("handlers")]
