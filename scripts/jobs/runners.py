@@ -14,11 +14,9 @@ from typing import Any
 
 import orjson
 import requests
-import torch
 
-from handlers.core import InferenceCore, select_device
+from handlers.core import InferenceCore
 from handlers.decoding import Payload
-from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict, unavailable_reason
 from scripts.errors import ScriptError
 from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
@@ -128,16 +126,3 @@ class InProcessRunner:
     def send(self, instances: list[Any]) -> Reply:
         response = self.core.answer([Payload(items=instances, raw=False)])[0]
         return Reply(response.status, response.body)
-
-
-def load_core(archive: Path) -> InferenceCore:
-    """The core as TorchServe would build it from this .mar: its model-config.yaml and model file.
-
-    The handler code is this checkout's `handlers` package, the same source the archive was built from.
-    """
-    mar = MarFile(archive)
-    settings = mar.settings()
-    device = select_device(0 if torch.cuda.is_available() else None)
-    with mar.unpacked() as folder:
-        # The model file is read fully into memory here, so the unpacked folder can go afterwards.
-        return InferenceCore.load(folder, settings, device)

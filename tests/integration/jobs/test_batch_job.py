@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from models.digits.samples import digit_rows, write_jsonl
-from scripts.checks.verify import verify_mode
 from scripts.jobs.batch_job import EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED, JobConfig, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.layout import ROOT
+from scripts.verify.agreement import verify_mode
 
 ROWS = digit_rows(200)
 ARCHIVE = ROOT / "model_store" / "digits.mar"

@@ -7,10 +7,10 @@ import orjson
 import pytest
 import requests
 
-from scripts.checks import loadgen
-from scripts.checks.bench_stream import check_answer, request_body
-from scripts.checks.peers.flask_app import flask_peer
-from scripts.checks.peers.litserve_app import litserve_peer
+from scripts.bench import loadgen
+from scripts.bench.peers.flask_app import flask_peer
+from scripts.bench.peers.litserve_app import litserve_peer
+from scripts.bench.stream import check_answer, request_body
 from scripts.layout import JSON, MODEL_STORE
 from scripts.server.process import free_port
 

@@ -1,10 +1,10 @@
 """Soak: stream traffic on both models and batch jobs at once for N minutes; fails on memory or fd growth.
 
-    python -m scripts.checks.soak --minutes 10            # its own TorchServe on free ports (make soak)
-    python -m scripts.checks.soak --minutes 1 --running   # `make serve`'s server (config.properties)
+    python -m scripts.hardening.soak --minutes 10            # its own TorchServe on free ports (make soak)
+    python -m scripts.hardening.soak --minutes 1 --running   # `make serve`'s server (config.properties)
 
 wrk keeps a few connections busy on the `digits` lane (the digit-7 PNG) and on the `minilm` lane (a few
-sentences of varied length) through scripts/checks/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) run one
+sentences of varied length) through scripts/bench/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) run one
 after another through `digits-bulk` and `minilm-bulk`. Every worker (pids from the management API) and the
 frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up (full batches on the stream
 lanes, then the same traffic) and after the run, both times with no request in flight: resident memory
@@ -28,9 +28,10 @@ import psutil
 from models.digits.samples import digit_rows, write_jsonl
 from models.minilm.samples import varied_sentences
 from scripts import cli
-from scripts.checks import loadgen, subject
+from scripts.bench import loadgen
 from scripts.clients.load import send_concurrently
 from scripts.errors import ScriptError
+from scripts.hardening import subject
 from scripts.jobs.batch_job import JobConfig, run_job
 from scripts.layout import BUILD, JSON
 from scripts.server.config import ServerConfig

@@ -1,7 +1,7 @@
 """A stateful lane (`digits-seq`) so gRPC StreamPredictions2 works: same weights and handler, sequence batching on.
 
-    python -m scripts.archive.sequence_lane                 # build model_store/digits-seq.mar, register it on `make serve`
-    python -m scripts.archive.sequence_lane --model minilm  # the same for another model's archive
+    python -m scripts.swap.sequence_lane                 # build model_store/digits-seq.mar, register it on `make serve`
+    python -m scripts.swap.sequence_lane --model minilm  # the same for another model's archive
 
 TorchServe 0.12 answers StreamPredictions2 only for models with sequence batching: each message needs a
 sequence_id, and the frontend queues a stream's messages in that sequence's job group. The handler stays

@@ -29,7 +29,7 @@ class PipSettings:
     options: dict[str, str]
 
     def conf_text(self) -> str:
-        lines = ["# the building machine's pip settings, mounted into the build only (scripts/container/pip_settings.py)"]
+        lines = ["# the building machine's pip settings, mounted into the build only (scripts/image_check/pip_settings.py)"]
         lines.append("[global]")
         return "\n".join(lines + [f"{key} = {value}" for key, value in sorted(self.options.items())]) + "\n"
 

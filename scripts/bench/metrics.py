@@ -1,6 +1,6 @@
 """What the handler's metrics cost per request on the stream lane, in-process.
 
-    python -m scripts.checks.bench_metrics [--requests 16] [--rounds 20] [--iterations 20]
+    python -m scripts.bench.metrics [--requests 16] [--rounds 20] [--iterations 20]
 
 Runs the real adapter's handle() on a batch of --requests single PNG digits, as TorchServe's worker would (a real
 ts Context and metrics cache from monitoring/metrics.yaml, metric lines written through a stdout-like logging

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no screen
 import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
 
-if TYPE_CHECKING:
-    from scripts.checks.bench_stream import ModelBench
+from scripts.bench.results import ModelBench  # noqa: E402 - after choosing the backend
 
 
 def write(bench: ModelBench, folder: Path) -> list[Path]:

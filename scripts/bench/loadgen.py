@@ -2,8 +2,8 @@
 constant-arrival-rate executor (open loop: requests start at the offered rate whether or not earlier
 ones have been answered, so a slow server shows as latency and dropped iterations, not as a lower rate).
 
-    python -m scripts.checks.loadgen URL --body FILE --content-type application/json --token T -c 1 16 64
-    python -m scripts.checks.loadgen URL --body FILE --rates 500 1000 2000    # open loop (k6)
+    python -m scripts.bench.loadgen URL --body FILE --content-type application/json --token T -c 1 16 64
+    python -m scripts.bench.loadgen URL --body FILE --rates 500 1000 2000    # open loop (k6)
 
 Both tools run as child processes; each result carries the generator's own CPU seconds (from wait4), so a
 caller can tell the machine's busy time spent on the server from the time spent on making the load.

@@ -8,8 +8,8 @@ import orjson
 import pytest
 import requests
 
-from scripts.checks.bench_stream import Target, check_answer, lanes_config, request_body
-from scripts.checks.pipeline import cpu_limit
+from scripts.bench.pipeline import cpu_limit
+from scripts.bench.stream import Target, check_answer, lanes_config, request_body
 from scripts.errors import ScriptError
 from scripts.server.config import LaneSettings
 

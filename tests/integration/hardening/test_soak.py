@@ -1,12 +1,12 @@
 """The soak's short version: a minute of stream traffic on both models plus batch jobs on both bulk lanes,
-against the session's real servers; no worker or frontend may grow past its bound (scripts/checks/soak.py).
+against the session's real servers; no worker or frontend may grow past its bound (scripts/hardening/soak.py).
 `make soak` runs the same for 10 minutes on a server of its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from scripts.checks import soak
+from scripts.hardening import soak
 
 SOAK_MINUTES = 0.7  # plus the warm-up (a burst, then 5 s of the same traffic) and two 2 s pauses: about a minute
 ROLES = {"frontend", "digits", "digits-bulk", "minilm", "minilm-bulk"}

@@ -6,7 +6,7 @@ with torch limited to `threads` threads each, behind one uvicorn front process. 
 status 200 with the error object as body (LitServe sets statuses through HTTPException; the benchmark
 sends only good requests).
 
-    python -m scripts.checks.peers.litserve_app ARCHIVE PORT LANE BATCH TIMEOUT_S WORKERS THREADS   (child process)
+    python -m scripts.bench.peers.litserve_app ARCHIVE PORT LANE BATCH TIMEOUT_S WORKERS THREADS   (child process)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import litserve as ls
 
-from scripts.checks.peers.process import running
+from scripts.bench.peers.process import running
 
 
 class CoreAPI(ls.LitAPI):
@@ -33,7 +33,7 @@ class CoreAPI(ls.LitAPI):
     def setup(self, device):
         import torch
 
-        from scripts.jobs.runners import load_core
+        from scripts.archive.core import load_core
 
         torch.set_num_threads(self.threads)
         self.core = load_core(Path(self.archive))
@@ -65,7 +65,7 @@ def litserve_peer(archive: Path, port: int, lane: str, max_batch_size: int, batc
                   threads: int = 1) -> Iterator[str]:  # fmt: skip
     """LitServe serving `archive` on 127.0.0.1:`port`; yields the base URL once /health answers; always stopped."""
     settings = [str(archive), str(port), lane, str(max_batch_size), str(batch_timeout_s), str(workers), str(threads)]
-    command = [sys.executable, "-m", "scripts.checks.peers.litserve_app", *settings]
+    command = [sys.executable, "-m", "scripts.bench.peers.litserve_app", *settings]
     url = f"http://127.0.0.1:{port}"
     with running(command, url + "/health", {"OMP_NUM_THREADS": str(threads)}):
         yield url

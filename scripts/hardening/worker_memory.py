@@ -1,7 +1,7 @@
 """Peak memory of a TorchServe worker per request: the worst requests under max_request_size on each lane.
 
-    python -m scripts.checks.worker_memory                  # a throwaway server with model_store's archives
-    python -m scripts.checks.worker_memory --lanes digits   # only some lanes
+    python -m scripts.hardening.worker_memory                  # a throwaway server with model_store's archives
+    python -m scripts.hardening.worker_memory --lanes digits   # only some lanes
 
 For each request, every worker of the lane gets its peak RSS reset (writing 5 to /proc/<pid>/clear_refs),
 the request is sent alone, and the answering worker (X-Worker-Pid) reports VmRSS and VmHWM (the peak) from

@@ -1,6 +1,6 @@
 """`make bench`: a 100,000-row batch job through the bulk lane and in-process, side by side.
 
-    python -m scripts.checks.bench_batch [--rows 100000] [--chunk-size 2000] [--concurrency 4]
+    python -m scripts.bench.batch [--rows 100000] [--chunk-size 2000] [--concurrency 4]
 
 Serves model_store/digits.mar from a throwaway TorchServe (free ports), runs the held-out digits
 repeated to --rows through `digits-bulk` (progress bar on), then the same job in-process, checks each
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from models.digits.samples import digit_rows, write_jsonl
 from scripts import cli
-from scripts.checks.report import REPORT, machine, replace_section
+from scripts.bench.report import REPORT, machine, replace_section
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import JobConfig, JobSummary, run_job
 from scripts.layout import BUILD, MODEL_STORE, ROOT

@@ -1,7 +1,7 @@
 """`make verify`: the held-out digits through the three paths, proof that stream and batch agree.
 
-    python -m scripts.checks.verify                       # both modes: the archive as built, then deterministic
-    python -m scripts.checks.verify --mode deterministic
+    python -m scripts.verify.agreement                       # both modes: the archive as built, then deterministic
+    python -m scripts.verify.agreement --mode deterministic
 
 For each mode a throwaway TorchServe serves the archive (free ports, temporary folder; `make serve`'s
 server is not needed nor touched), and every held-out digit goes through

@@ -1,8 +1,8 @@
 """Fuzz the inference API with schemathesis, from the OpenAPI description TorchServe serves at `OPTIONS /`.
 
-    python -m scripts.checks.fuzz                                # its own TorchServe on free ports (make fuzz)
-    python -m scripts.checks.fuzz --max-examples 20 --max-time 30
-    python -m scripts.checks.fuzz --running                      # `make serve`'s server (config.properties)
+    python -m scripts.hardening.fuzz                                # its own TorchServe on free ports (make fuzz)
+    python -m scripts.hardening.fuzz --max-examples 20 --max-time 30
+    python -m scripts.hardening.fuzz --running                      # `make serve`'s server (config.properties)
 
 TorchServe describes every model as one `POST /predictions/{model_name}` taking `*/*` bytes, under an
 operationId it also gives two other operations, beside paths this port does not serve (/metrics), and
@@ -29,9 +29,9 @@ import requests
 import schemathesis
 
 from scripts import cli
-from scripts.checks import subject
 from scripts.clients.rest import predict
 from scripts.errors import ScriptError
+from scripts.hardening import subject
 from scripts.layout import BUILD, JSON
 from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from scripts.container.podman import ContainerError, Podman, require_tools
+from scripts.image_check.podman import ContainerError, Podman, require_tools
 
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")

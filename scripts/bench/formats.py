@@ -1,6 +1,6 @@
 """In-process rows/s and agreement for every export format x precision of both models (CPU).
 
-    python -m scripts.checks.bench_formats [--threads 2] [--repeats 3] [--only digits|minilm]
+    python -m scripts.bench.formats [--threads 2] [--repeats 3] [--only digits|minilm]
 
 digits: the held-out split tiled to 5,120 rows, micro-batches of 256 (max_batch_rows), labels and scores
 against the eager CNN. minilm: 256 mixed-length sentences (models/minilm/samples.varied_sentences: 2 to

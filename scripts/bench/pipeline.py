@@ -19,7 +19,7 @@ import psutil
 import torch
 
 from handlers.decoding import read_body
-from scripts.jobs.runners import load_core
+from scripts.archive.core import load_core
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """`make image-test`: build the serving image with podman from a locally built Debian base, run it, check it.
 
-1. base: mmdebstrap's bookworm (cached under build/container/), imported with podman (scripts/container/base.py);
+1. base: mmdebstrap's bookworm (cached under build/container/), imported with podman (scripts/image_check/base.py);
 2. build: the Dockerfile with BASE= that base, this machine's pip settings, local wheels and CA bundle mounted
-   read-only (scripts/container/pip_settings.py): the CPU torch here, the CUDA one from PyPI elsewhere;
+   read-only (scripts/image_check/pip_settings.py): the CPU torch here, the CUDA one from PyPI elsewhere;
 3. run: detached, as the image's non-root user, the host's network (podman's other network modes need
    privileges this sandbox lacks) with every listener moved to free loopback ports, a new named key volume;
 4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root;
@@ -12,7 +12,7 @@
 
 Figures go to build/container/image-test.json.
 
-    python -m scripts.container.image_test [--no-cache] [--remove-image]
+    python -m scripts.image_check.image_test [--no-cache] [--remove-image]
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from scripts import cli
+from scripts.archive.core import load_core
 from scripts.clients.rest import predict
-from scripts.container.base import BASE_IMAGE, ensure_base
 from scripts.container.config import listener_environment
-from scripts.container.pip_settings import ca_bundle, read_pip_settings
-from scripts.container.podman import ContainerError, Podman
-from scripts.jobs.runners import InProcessRunner, load_core
+from scripts.image_check.base import BASE_IMAGE, ensure_base
+from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
+from scripts.image_check.podman import ContainerError, Podman
+from scripts.jobs.runners import InProcessRunner
 from scripts.layout import BUILD, ROOT
 from scripts.server.endpoints import Endpoints
 from scripts.server.process import free_ports

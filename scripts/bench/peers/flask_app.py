@@ -1,6 +1,6 @@
 """The peer users start from: Flask behind gunicorn, one forward per request, the same core and JSON contract.
 
-gunicorn runs `workers` sync workers, each loading the core from the archive (scripts/jobs/runners.load_core)
+gunicorn runs `workers` sync workers, each loading the core from the archive (scripts/archive/core.load_core)
 with torch limited to `threads` intra-op threads, so they share the cores as the lane's workers do.
 POST /predictions/<lane> takes the same bodies as TorchServe (a raw item or {"instances": [...]}) and
 answers the same JSON; the Authorization header is accepted and not checked.
@@ -14,21 +14,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from scripts.checks.peers.process import running
+from scripts.bench.peers.process import running
 
 ARCHIVE_ENV = "FLASK_PEER_ARCHIVE"
 THREADS_ENV = "FLASK_PEER_TORCH_THREADS"
 
 
 def create_app():
-    """The WSGI app; gunicorn calls `scripts.checks.peers.flask_app:create_app()` in each worker."""
+    """The WSGI app; gunicorn calls `scripts.bench.peers.flask_app:create_app()` in each worker."""
     import orjson
     import torch
     from flask import Flask, Response, request
 
     from handlers.decoding import read_body
     from handlers.errors import RequestError
-    from scripts.jobs.runners import load_core
+    from scripts.archive.core import load_core
 
     torch.set_num_threads(int(os.environ.get(THREADS_ENV, "1")))
     core = load_core(Path(os.environ[ARCHIVE_ENV]))
@@ -56,7 +56,7 @@ def flask_peer(archive: Path, port: int, workers: int = 2, threads: int = 1) -> 
     env = {ARCHIVE_ENV: str(archive), THREADS_ENV: str(threads), "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, "-m", "gunicorn", "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
                "--worker-class", "sync", "--keep-alive", "75", "--log-level", "warning",
-               "scripts.checks.peers.flask_app:create_app()"]  # fmt: skip
+               "scripts.bench.peers.flask_app:create_app()"]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with running(command, url + "/ping", env):
         yield url

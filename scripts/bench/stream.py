@@ -1,6 +1,6 @@
 """`make bench` (stream half): each model's stream lane against what a user would pick instead, in one run.
 
-    python -m scripts.checks.bench_stream [--quick] [--models digits minilm] [--precision bf16] [--no-report]
+    python -m scripts.bench.stream [--quick] [--models digits minilm] [--precision bf16] [--no-report]
 
 Per model, one after the other on this machine, every system serving the same archive's core with the
 same workers and torch threads, under the same load (wrk: closed loop; k6: open loop) and the same
@@ -24,7 +24,7 @@ import json
 import os
 import platform
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -35,12 +35,13 @@ import torch
 from models.digits.samples import digit_rows
 from scripts import cli
 from scripts.archive.variant import write_variant
-from scripts.checks import loadgen, plots
-from scripts.checks.peers.flask_app import flask_peer
-from scripts.checks.peers.litserve_app import litserve_peer
-from scripts.checks.peers.noop_handler import build_noop_archive
-from scripts.checks.pipeline import cpu_limit, pipeline, server_cpu
-from scripts.checks.report import machine, replace_section
+from scripts.bench import loadgen, plots
+from scripts.bench.peers.flask_app import flask_peer
+from scripts.bench.peers.litserve_app import litserve_peer
+from scripts.bench.peers.noop_handler import build_noop_archive
+from scripts.bench.pipeline import pipeline, server_cpu
+from scripts.bench.report import machine, replace_section
+from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
 from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
 from scripts.server.config import LaneSettings, ServerConfig
@@ -68,30 +69,6 @@ class Plan:
 
 QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
              open_systems=(LANE,), pipeline_seconds=1.0)  # fmt: skip
-
-
-@dataclass
-class ModelBench:
-    model: str
-    lane: LaneSettings
-    cores: int
-    pipeline_cpu_ms: float = 0.0
-    pipeline_rps_one_thread: float = 0.0
-    floor_cpu_ms: float = 0.0
-    closed: dict[str, list[dict]] = field(default_factory=dict)  # system -> LoadResult dicts
-    open: dict[str, list[dict]] = field(default_factory=dict)
-
-    @property
-    def ceiling(self) -> float:
-        """Requests/s if every core ran only the in-process pipeline."""
-        return self.cores * 1000.0 / self.pipeline_cpu_ms
-
-    @property
-    def cpu_limit(self) -> float:
-        return cpu_limit(self.cores, self.floor_cpu_ms, self.pipeline_cpu_ms)
-
-    def at(self, system: str, connections: int) -> dict:
-        return next(r for r in self.closed[system] if r["connections"] == connections)
 
 
 def request_body(model: str) -> bytes:

@@ -7,8 +7,8 @@ import zipfile
 import pytest
 import yaml
 
-from scripts.archive.sequence_lane import SEQUENCE_CONFIG, write_sequence_archive
 from scripts.archive.variant import write_variant
+from scripts.swap.sequence_lane import SEQUENCE_CONFIG, write_sequence_archive
 
 CONFIG = {"responseTimeout": 300, "handler": {"task": "digit_classification", "model_file": "digits.pt2", "max_batch_rows": 512}}
 

@@ -1,6 +1,6 @@
 """schemathesis against a real TorchServe, from the description it serves at OPTIONS / (repaired): short runs
 on the digits and minilm lanes here, a longer one in `make fuzz`. No 5xx, no worker restart, and every lane
-answers its known input as before (scripts/checks/fuzz.py)."""
+answers its known input as before (scripts/hardening/fuzz.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import requests
 import schemathesis
 
-from scripts.checks import fuzz
+from scripts.hardening import fuzz
 from scripts.layout import JSON
 from scripts.swap.management import ManagementApi
 
