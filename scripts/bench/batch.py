@@ -59,31 +59,16 @@ def bench(rows: int, chunk_size: int, concurrency: int, workdir: Path) -> BenchR
     if not source.exists() or count_lines(source) != rows:
         write_jsonl(source, digit_rows(rows))
     archive = MODEL_STORE / "digits.mar"
+
+    def job(output: str, **runner) -> JobSummary:
+        """The same rows and chunks each time; `runner` says where they go (a server, or in-process)."""
+        config = JobConfig(model="digits", input=source, output=workdir / output, chunk_size=chunk_size, overwrite=True, **runner)
+        return run_job(config)
+
     with temporary_server(archive) as server:
-        served = run_job(
-            JobConfig(
-                model="digits",
-                input=source,
-                output=workdir / "bench-server.jsonl",
-                chunk_size=chunk_size,
-                concurrency=concurrency,
-                config=server.config,
-                key_file=server.endpoints.key_file,
-                overwrite=True,
-            )
-        )
+        served = job("bench-server.jsonl", concurrency=concurrency, config=server.config, key_file=server.endpoints.key_file)
     print(served.text(), file=sys.stderr)
-    local = run_job(
-        JobConfig(
-            model="digits",
-            input=source,
-            output=workdir / "bench-in-process.jsonl",
-            chunk_size=chunk_size,
-            in_process=True,
-            archive=archive,
-            overwrite=True,
-        )
-    )
+    local = job("bench-in-process.jsonl", in_process=True, archive=archive)
     print(local.text(), file=sys.stderr)
     for summary in (served, local):
         written = count_lines(summary.output)

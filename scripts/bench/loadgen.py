@@ -90,17 +90,17 @@ class LoadResult:
     tool: str  # "wrk 4.1.0" or "k6 ..."
     mode: str  # "closed" (N connections) or "open" (offered rate)
     connections: int  # closed loop: connections; open loop: VUs the generator may use
-    offered_rps: float | None  # open loop only
     seconds: float
     requests: int  # answered (any status)
     errors: int  # non-2xx/3xx answers + socket errors + timeouts
-    dropped: int  # open loop: starts the generator could not make on time (no free VU)
     rps: float  # successful (2xx) answers per second
     p50_ms: float
     p95_ms: float
     p99_ms: float
     max_ms: float
     generator_cpu_s: float  # user+system seconds the generator itself used
+    offered_rps: float | None = None  # open loop only
+    dropped: int = 0  # open loop: starts the generator could not make on time (no free VU)
     extra: dict = field(default_factory=dict)
 
     def row(self) -> str:
@@ -182,11 +182,9 @@ def closed_loop(
         tool=wrk_version(),
         mode="closed",
         connections=connections,
-        offered_rps=None,
         seconds=duration,
         requests=data["requests"],
         errors=data["status_errors"] + data["socket_errors"] + data["timeouts"],
-        dropped=0,
         # Answered successfully: a fast 503 (TorchServe's queue full) is not throughput.
         rps=(data["requests"] - data["status_errors"]) / duration if duration else 0.0,
         p50_ms=data["p50_us"] / 1000,
@@ -243,6 +241,7 @@ def open_loop(target: Target, rate: float, seconds: float = 10.0, max_in_flight:
     failed = metrics.get("http_req_failed", {}).get("values", {})
     dropped = int(metrics.get("dropped_iterations", {}).get("values", {}).get("count", 0))
     count = int(reqs.get("count", 0))
+    good = count - round(failed.get("rate", 0.0) * count)  # answered successfully
     return LoadResult(
         tool=k6_version(),
         mode="open",
@@ -250,9 +249,9 @@ def open_loop(target: Target, rate: float, seconds: float = 10.0, max_in_flight:
         offered_rps=rate,
         seconds=seconds,
         requests=count,
-        errors=round(failed.get("rate", 0.0) * count),
+        errors=count - good,
         dropped=dropped,
-        rps=(count - round(failed.get("rate", 0.0) * count)) / seconds,
+        rps=good / seconds,
         p50_ms=duration.get("p(50)", 0.0),
         p95_ms=duration.get("p(95)", 0.0),
         p99_ms=duration.get("p(99)", 0.0),

@@ -10,14 +10,17 @@ from scripts.server.config import LaneSettings
 
 @dataclass
 class ModelBench:
+    """One model's figures from `make bench`: its lane, the pipeline's and the no-op floor's CPU cost per
+    request, and every load run by system (closed loop: connections; open loop: offered rates)."""
+
     model: str
     lane: LaneSettings
     cores: int
+    closed: dict[str, list[dict]] = field(default_factory=dict)  # system -> LoadResult dicts
+    open: dict[str, list[dict]] = field(default_factory=dict)
     pipeline_cpu_ms: float = 0.0
     pipeline_rps_one_thread: float = 0.0
     floor_cpu_ms: float = 0.0
-    closed: dict[str, list[dict]] = field(default_factory=dict)  # system -> LoadResult dicts
-    open: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def ceiling(self) -> float:

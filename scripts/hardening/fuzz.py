@@ -302,7 +302,7 @@ class LaneState:
 
 def lane_state(endpoints: Endpoints, lanes: dict[str, str] = LANES) -> LaneState:
     management = ManagementApi(endpoints)
-    pids = {lane: tuple(sorted(pid for v in management.versions(lane) for pid in v.worker_pids)) for lane in lanes}
+    pids = {lane: management.worker_pids(lane) for lane in lanes}
     return LaneState(pids, {lane: known_answer(endpoints, lane, model) for lane, model in lanes.items()})
 
 

@@ -35,6 +35,7 @@ from scripts.hardening import subject
 from scripts.jobs.batch_job import JobConfig, run_job
 from scripts.layout import BUILD, JSON
 from scripts.server.config import ServerConfig
+from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi
 
 MIB = 1024 * 1024
@@ -222,8 +223,7 @@ def worker_pids(lanes: dict[str, Lane]) -> dict[int, str]:
     """Every worker of every lane, from the management API: {pid: lane}."""
     pids = {}
     for name, lane in lanes.items():
-        for version in ManagementApi(lane.endpoints).versions(name):
-            pids.update({pid: name for pid in version.worker_pids})
+        pids.update({pid: name for pid in ManagementApi(lane.endpoints).worker_pids(name)})
     if not pids:
         raise SoakError(f"the management API names no worker pid for lanes {sorted(lanes)}")
     return pids
@@ -356,7 +356,7 @@ def _job(name: str, lane: Lane, source: Path, folder: Path) -> dict:
         lane=name,
         overwrite=True,
         config=lane.config,
-        key_file=lane.key_file,
+        key_file=lane.endpoints.key_file,
         progress_bar=False,
     )
     summary = run_job(config)
@@ -410,7 +410,8 @@ def default_warmup(minutes: float) -> float:
 
 def lanes_of(config: Path, key_file: Path, models: tuple[str, ...] = ("digits", "minilm")) -> dict[str, Lane]:
     """The stream and bulk lanes of `models` on the server of `config`."""
-    return {lane: Lane(config, key_file, model) for model in models for lane in (model, f"{model}-bulk")}
+    endpoints = Endpoints.from_config(config, key_file)
+    return {lane: Lane(config, endpoints, model) for model in models for lane in (model, f"{model}-bulk")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else default_warmup(args.minutes)
     with subject.subject(args) as server:
-        report = soak(lanes_of(server.config, server.key_file), args.minutes, warmup)
+        report = soak(lanes_of(server.config, server.endpoints.key_file), args.minutes, warmup)
     return subject.finish(report, args.report)
 
 

@@ -25,14 +25,10 @@ DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"  # a known input both ch
 
 @dataclass(frozen=True)
 class Subject:
-    """The server under check: its config.properties and the key_file.json it wrote."""
+    """The server under check: its config.properties, and its addresses and tokens (the key_file.json it wrote)."""
 
     config: Path
-    key_file: Path
-
-    @property
-    def endpoints(self) -> Endpoints:
-        return Endpoints.from_config(self.config, self.key_file)
+    endpoints: Endpoints
 
 
 class Report(Protocol):
@@ -53,13 +49,13 @@ def add_options(parser: argparse.ArgumentParser, report: Path) -> None:
 def subject(args: argparse.Namespace) -> Iterator[Subject]:
     """The running server (--running), or a throwaway one serving every lane of ARCHIVES."""
     if args.running:
-        yield Subject(args.config, args.key_file)
+        yield Subject(args.config, Endpoints.from_config(args.config, args.key_file))
         return
     from scripts.server.temporary import serving_in
 
     with tempfile.TemporaryDirectory(prefix="torchserve-check-") as folder:
         with serving_in(Path(folder), {name: MODEL_STORE / name for name in ARCHIVES}) as server:
-            yield Subject(server.config, server.workdir / "key_file.json")
+            yield Subject(server.config, server.endpoints)
 
 
 def finish(report: Report, path: Path) -> int:

@@ -120,7 +120,7 @@ def measure(endpoints: Endpoints, probe: Probe, limit: int) -> Reading:
     body = probe.build(limit)
     if len(body) > limit:
         raise ValueError(f"{probe.name}: {len(body)} bytes, over max_request_size {limit}")
-    pids = [pid for state in ManagementApi(endpoints).versions(probe.lane) for pid in state.worker_pids]
+    pids = ManagementApi(endpoints).worker_pids(probe.lane)
     before = {}
     for pid in pids:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS

@@ -8,7 +8,7 @@ the server's answer to `{"instances": [...]}`, so retries and bad-row isolation 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,23 +64,16 @@ def encode_chunk(instances: list[Any], limit: int) -> bytes:
     )
 
 
+@dataclass
 class ServerRunner:
     """POSTs chunks as {"instances": [...]} to a lane; one keep-alive session per worker thread."""
 
-    def __init__(
-        self,
-        endpoints: Endpoints,
-        lane: str,
-        size_limit: int,
-        timeout: float = 600.0,
-        job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE,
-    ) -> None:
-        self.endpoints = endpoints
-        self.lane = lane
-        self.size_limit = size_limit
-        self.timeout = timeout
-        self.job_queue_size = job_queue_size
-        self._local = threading.local()
+    endpoints: Endpoints
+    lane: str
+    size_limit: int
+    timeout: float = 600.0
+    job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE
+    _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 
 import requests
 
-from scripts.errors import ServerError
 from scripts.layout import BUILD, ROOT
-from scripts.server.process import stop_process_group
+from scripts.server.process import stop_process_group, wait_until
 
 
 @contextlib.contextmanager
@@ -25,13 +23,14 @@ def running(command: list[str], health_url: str, env: dict[str, str], timeout: f
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, start_new_session=True, stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(health_url):
-            if process.poll() is not None:
-                raise ServerError(f"{command[2]} exited with {process.returncode} before answering {health_url}; see {log_path}")
-            if time.monotonic() > deadline:
-                raise ServerError(f"{command[2]} did not answer {health_url} within {timeout:.0f}s")
-            time.sleep(0.3)
+        wait_until(
+            lambda: _healthy(health_url),
+            timeout,
+            process,
+            f"{command[2]} exited with {{code}} before answering {health_url}; see {log_path}",
+            lambda: f"{command[2]} did not answer {health_url} within {timeout:.0f}s",
+            interval=0.3,
+        )
         yield process
     finally:
         stop_process_group(process, timeout=20)
