@@ -29,7 +29,7 @@ RUN make venv PYTHON=python3.11
 
 # Only what serving needs (tests/unit/test_layers.py checks it): the handler, the models' build code, the
 # archive builder, the server's config and process, the container's commands, TorchServe's config files.
-# The tools (clients, jobs, swap, verify, bench, hardening, image_check) stay out.
+# The tools (clients, jobs, swap, deploy, verify, bench, hardening, image_check, gpu) stay out.
 COPY config.properties ./
 COPY monitoring/metrics.yaml monitoring/
 COPY handlers/ handlers/
