@@ -97,10 +97,12 @@ def examples(model: str, device: torch.device) -> tuple[tuple[torch.Tensor, ...]
 
 
 def write_format(model: str, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device) -> tuple[Path, float]:
-    """Export `eager` as `fmt` into `folder` with this torch; AOTInductor compiles for `device`. (path, seconds)."""
+    """Export `eager` as `fmt` into `folder` with this torch. AOTInductor compiles for `device`, and TorchScript is
+    traced there (a trace keeps the devices its graph creates tensors on). (path, seconds)."""
     started = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{model}{SUFFIXES[fmt]}"
-    compile_device = device if fmt == "aoti" else torch.device("cpu")
+    compile_device = device if fmt in ("aoti", "torchscript") else torch.device("cpu")
     module = eager.to(compile_device)
     inputs, axes = examples(model, compile_device)
     names = (["grids"], "probabilities") if model == "digits" else (["input_ids", "attention_mask"], "embeddings")
