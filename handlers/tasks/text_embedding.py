@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tokenizers import Tokenizer
@@ -26,8 +26,7 @@ PAD_TOKEN = "[PAD]"
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class TokenizedText:
+class TokenizedText(NamedTuple):
     """One row: token ids with [CLS]/[SEP], at most max_seq_length of them, and whether text was cut."""
 
     ids: list[int]
