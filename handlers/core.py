@@ -62,6 +62,13 @@ class InferenceCore:
         self.device = device
         self.settings = settings
         self.autocast_dtype = self._autocast_dtype()
+        if device.type == "cuda" and settings.precision == "fp32":
+            # fp32 means fp32: cuDNN's convolutions default to TF32 on Ampere and later, which moved the digits
+            # probabilities by up to 3e-4 from the CPU's on an H200 (docs/gpu.md); matmuls already default to fp32.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        # Out-of-memory errors seen by the CUDA caching allocator so far (see _ran_out_of_memory).
+        self._device_ooms = _device_ooms(device)
         # CUDA: copy batches from pinned host memory with non_blocking (overlaps with queued GPU work). A switch
         # for measuring it (scripts/gpu/check.py), on by default.
         self.pinned_copies = True
@@ -154,7 +161,7 @@ class InferenceCore:
             try:
                 outputs = self._run([rows[i] for i in chunk], stages, pad_to=step)
             except Exception as error:
-                if not is_out_of_memory(error):
+                if not self._ran_out_of_memory(error):
                     raise
                 self._release_memory()
                 if len(chunk) == 1:
@@ -238,9 +245,23 @@ class InferenceCore:
             return None
         return dtype if self.device.type in ("cpu", "cuda") else None
 
+    def _ran_out_of_memory(self, error: Exception) -> bool:
+        """Whether `error` comes from an allocation that failed. Read from the error itself, or, on CUDA, from the
+        caching allocator's own count: AOTInductor's CUDA runtime reports an out-of-memory only as "run_func_(...)
+        API call failed" (the allocator's message goes to stderr), but the allocator counts it."""
+        ooms = _device_ooms(self.device)
+        counted, self._device_ooms = ooms > self._device_ooms, ooms
+        return is_out_of_memory(error) or counted
+
     def _release_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _device_ooms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_ooms", 0))
 
 
 def _decoded(decode: Callable[[Any], Any], item: Any) -> Any:

@@ -16,6 +16,7 @@ from handlers.core import InferenceCore
 from handlers.decoding import Payload
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
+from models import export_formats
 from models.digits.network import DigitsNet
 from models.minilm.export import SentenceEncoder
 
@@ -97,14 +98,19 @@ def examples(model: str, device: torch.device) -> tuple[tuple[torch.Tensor, ...]
 
 
 def write_format(model: str, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device) -> tuple[Path, float]:
-    """Export `eager` as `fmt` into `folder` with this torch; AOTInductor compiles for `device`. (path, seconds)."""
+    """Export `eager` as `fmt` into `folder` with this torch. AOTInductor compiles for `device`, and TorchScript is
+    traced there (a trace keeps the devices its graph creates tensors on). (path, seconds)."""
     started = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{model}{SUFFIXES[fmt]}"
-    compile_device = device if fmt == "aoti" else torch.device("cpu")
-    module = eager.to(compile_device)
-    inputs, axes = examples(model, compile_device)
+    # TorchScript is traced where it will run; torch.export runs on the CPU (exporting minilm on CUDA adds a guard
+    # on the sequence length from the attention kernel's alignment that the dynamic axis violates), and for
+    # AOTInductor the CPU program is moved to the device before it is compiled there.
+    trace_device = device if fmt == "torchscript" else torch.device("cpu")
+    module = eager.to(trace_device)
+    inputs, axes = examples(model, trace_device)
     names = (["grids"], "probabilities") if model == "digits" else (["input_ids", "attention_mask"], "embeddings")
-    with torch.no_grad():
+    with torch.no_grad(), export_formats.strict_fp32():
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(module, inputs, check_trace=False), str(path))
         else:
@@ -112,6 +118,10 @@ def write_format(model: str, eager: torch.nn.Module, fmt: str, folder: Path, dev
             if fmt == "export":
                 torch.export.save(program, str(path))
             elif fmt == "aoti":
+                if device.type != "cpu":
+                    from torch.export.passes import move_to_device_pass
+
+                    program = move_to_device_pass(program, device)
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
             else:
                 onnx_program = torch.onnx.export(

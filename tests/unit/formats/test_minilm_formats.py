@@ -41,7 +41,7 @@ def test_fp32_embeddings_match_sentence_transformers(fmt, sentences, reference):
     assert similarity.min() >= 0.9999, f"worst row {similarity.argmin()}: {sentences[similarity.argmin()][:60]!r}"
 
 
-# minilm.bf16.aoti.pt2 is left to scripts/checks/bench_formats.py (its compile takes ~3 min on 2 cores; the
+# minilm.bf16.aoti.pt2 is left to scripts/bench/formats.py (its compile takes ~3 min on 2 cores; the
 # compiled-in bf16 path is tested on digits).
 @pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "precision"), [("export", "bf16"), ("torchscript", "bf16")])
