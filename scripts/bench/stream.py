@@ -66,12 +66,13 @@ class Plan:
     rate_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 1.25)
     open_seconds: float = 4.0
     lone_seconds: float = 5.0
+    server_warmup: float = 3.0  # each TorchServe lane at 64 connections before any measured run
     open_systems: tuple[str, ...] = (LANE, BATCH1, FLASK, LITSERVE)
     pipeline_seconds: float = 3.0
 
 
 QUICK = Plan(connections=(1, 4, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
-             open_systems=(LANE,), pipeline_seconds=1.0, lone_seconds=2.0)  # fmt: skip
+             open_systems=(LANE,), pipeline_seconds=1.0, lone_seconds=2.0, server_warmup=2.0)  # fmt: skip
 
 
 def request_body(model: str) -> bytes:
@@ -151,6 +152,8 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
                 check_answer(
                     model, requests.post(targets[system].url, data=body, headers=targets[system].headers(), timeout=60), system
                 )
+        for system in (LANE, BATCH1, FLOOR, FLOOR1):  # warm before traffic, as `make serve` does (its JIT, first calls)
+            loadgen.closed_loop(targets[system], 64, plan.server_warmup)
         for system in (LANE, BATCH1, FLOOR, FLOOR1):
             print(f"  {system} ({names[system]})", flush=True)
             logs_before = attribution.log_bytes(server.workdir)
