@@ -31,7 +31,7 @@ RUN make venv PYTHON=python3.11
 # archive builder, the server's config and process, the container's commands, TorchServe's config files.
 # The tools (clients, jobs, swap, deploy, verify, bench, hardening, image_check, gpu) stay out.
 COPY config.properties ./
-COPY monitoring/metrics.yaml monitoring/
+COPY monitoring/metrics.yaml monitoring/log4j2.xml monitoring/
 COPY handlers/ handlers/
 COPY models/ models/
 COPY scripts/__init__.py scripts/errors.py scripts/layout.py scripts/cli.py scripts/

@@ -8,6 +8,7 @@ with other ports (`render`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,12 +149,14 @@ class ServerConfig:
     def vmargs(self) -> str:
         """vmargs= (the JVM's flags) with the log4j2 config's path made absolute: TorchServe's JVM resolves a
         relative -Dlog4j.configurationFile= from the folder it starts in, which is a copy's, not the repository."""
+        return self.vmargs_with_log_config(lambda value: value if Path(value).is_absolute() else str(ROOT / value))
+
+    def vmargs_with_log_config(self, place: Callable[[str], str]) -> str:
+        """vmargs= with the -Dlog4j.configurationFile= path as `place` maps it (the cluster's configs mount it elsewhere)."""
         words = []
         for word in self.properties.get("vmargs", "").split():
             key, sep, value = word.partition("=")
-            if key == LOG4J_FLAG and sep and not Path(value).is_absolute():
-                word = f"{LOG4J_FLAG}={ROOT / value}"
-            words.append(word)
+            words.append(f"{LOG4J_FLAG}={place(value)}" if key == LOG4J_FLAG and sep else word)
         return " ".join(words)
 
     def render(self, out: Path, model_store: Path, ports: dict[str, int], overrides: dict[str, str] | None = None) -> Path:

@@ -249,7 +249,13 @@ def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path
     )
     written = write_kserve(ServerConfig.read(config), tmp_path / "bucket")
     layout = sorted(str(path.relative_to(tmp_path / "bucket")) for path in written)
-    assert layout == ["config/config.properties", "config/metrics.yaml", "model-store/digits.mar", "model-store/minilm.mar"]
+    assert layout == [
+        "config/config.properties",
+        "config/log4j2.xml",
+        "config/metrics.yaml",
+        "model-store/digits.mar",
+        "model-store/minilm.mar",
+    ]
     assert (tmp_path / "bucket/model-store/minilm.mar").read_bytes() == b"archive minilm.mar"
 
 
