@@ -71,7 +71,7 @@ class Plan:
     pipeline_seconds: float = 3.0
 
 
-QUICK = Plan(connections=(1, 4, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
+QUICK = Plan(connections=(1, 4, 16, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
              open_systems=(LANE,), pipeline_seconds=1.0, lone_seconds=2.0, server_warmup=2.0)  # fmt: skip
 
 
