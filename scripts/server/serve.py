@@ -44,7 +44,11 @@ def main() -> int:
     e = server.endpoints
     # Ready means warm: a fresh JVM serves its first thousands of requests at a fraction of its warm rate.
     warmed = warm_up(e, models)
-    print(f"warmed up with {sum(w.requests for w in warmed):,} requests in {sum(w.seconds for w in warmed):.0f}s")
+    failed = sum(w.failed for w in warmed)
+    print(
+        f"warmed up with {sum(w.requests for w in warmed):,} requests in {sum(w.seconds for w in warmed):.0f}s"
+        + (f" ({failed} failed: see logs/model_log.log)" if failed else "")
+    )
     where = {
         "inference": f"{e.inference}/predictions/<lane>",
         "management": f"{e.management}/models",
