@@ -148,6 +148,8 @@ class StreamConsumer:
 
     # --- records in --------------------------------------------------------------------------------------------
     def _take(self, records: list[Record]) -> None:
+        if self.stats.first_record_at is None:
+            self.stats.first_record_at = time.monotonic()
         for record in records:
             self.stats.records_in += 1
             entry = self.ledger.read(record)
@@ -195,6 +197,7 @@ class StreamConsumer:
                 outcomes = future.result()  # a JobError (bad token, no such lane) stops the consumer here
                 self.broker.write(outcomes)
                 now_ms = time.time() * 1000
+                self.stats.last_outcome_at = time.monotonic()
                 for outcome in outcomes:
                     record = outcome.record
                     self.ledger.done(self._entries.pop((record.partition, record.offset)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import bisect
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,10 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 @dataclass
 class StreamStats:
-    started: float = field(default_factory=time.monotonic)
+    # Records/s counts from the first record read to the last outcome written: joining the group (seconds) and
+    # waiting for records that do not come are not throughput.
+    first_record_at: float | None = None
+    last_outcome_at: float | None = None
     records_in: int = 0
     results: int = 0
     dead_letters: int = 0
@@ -47,7 +49,9 @@ class StreamStats:
         return self.results + self.dead_letters
 
     def records_per_second(self) -> float:
-        elapsed = time.monotonic() - self.started
+        if self.first_record_at is None or self.last_outcome_at is None:
+            return 0.0
+        elapsed = self.last_outcome_at - self.first_record_at
         return self.answered / elapsed if elapsed > 0 else 0.0
 
     def latency_quantile(self, q: float) -> float | None:
