@@ -28,6 +28,7 @@ from scripts.errors import ScriptError
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import FORMATS, Row, open_input
 from scripts.jobs.outputs import OutputPaths, Progress, ResultSink, default_errors_path
+from scripts.jobs.prefetch import decode_chunk, predict_chunk, prefetched
 from scripts.jobs.runners import InProcessRunner, JobError, ServerRunner, load_core
 from scripts.layout import CONFIG, KEY_FILE, MODEL_STORE
 from scripts.server.config import ServerConfig
@@ -51,6 +52,7 @@ class JobConfig:
     overwrite: bool = False
     chunk_size: int = 1000
     concurrency: int = 4
+    prefetch: int = 2  # in-process: chunks read and decoded ahead of the forward pass (0: none, one thread does all)
     config: Path = CONFIG
     key_file: Path = KEY_FILE
     progress_bar: bool = True
@@ -66,6 +68,8 @@ class JobConfig:
             raise JobError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.resume and self.overwrite:
             raise JobError("--resume and --overwrite contradict each other: pick one")
+        if self.prefetch < 0:
+            raise JobError(f"--prefetch must be at least 0, got {self.prefetch}")
         if self.actors is not None and self.actors < 1:
             raise JobError(f"--actors must be at least 1, got {self.actors}")
 
@@ -125,6 +129,8 @@ def run_job(config: JobConfig) -> JobSummary:
         ) as bar:
             if config.engine == "ray":
                 runner.pump(source, resumed_at, total, sink, bar)
+            elif config.in_process and config.prefetch > 0:
+                _pump_prefetched(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config.prefetch)
             else:
                 _pump(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config)
     finally:
@@ -167,6 +173,23 @@ def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, conf
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def _pump_prefetched(runner: InProcessRunner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, depth: int) -> None:
+    """In-process, as a pipeline (scripts/jobs/prefetch.py): a thread reads and decodes `depth` chunks ahead, one
+    worker runs the forward passes, this thread writes; chunks are committed in input order."""
+    core = runner.core
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+    in_flight: deque[Future] = deque()
+    try:
+        for chunk in prefetched(chunks, lambda rows: decode_chunk(core, rows), depth):
+            in_flight.append(pool.submit(predict_chunk, core, chunk))
+            while len(in_flight) > 1:
+                _commit(in_flight.popleft(), sink, bar)
+        while in_flight:
+            _commit(in_flight.popleft(), sink, bar)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _commit(future: Future, sink: ResultSink, bar: tqdm) -> None:
     results = future.result()
     sink.commit(results)
@@ -199,6 +222,13 @@ def parse_args(argv: list[str] | None) -> JobConfig:
     parser.add_argument("--chunk-size", type=int, default=JobConfig.chunk_size, help="rows per request (default %(default)s)")
     parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency, help="requests in flight (default %(default)s)")
     parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=JobConfig.prefetch,
+        metavar="CHUNKS",
+        help="--in-process: chunks read and decoded ahead while the core runs (default %(default)s; 0: off)",
+    )
+    parser.add_argument(
         "--retry-for",
         type=float,
         default=RetryPolicy.patience,
@@ -226,6 +256,7 @@ def parse_args(argv: list[str] | None) -> JobConfig:
         overwrite=args.overwrite,
         chunk_size=args.chunk_size,
         concurrency=args.concurrency,
+        prefetch=args.prefetch,
         config=args.config,
         key_file=args.key_file,
         progress_bar=not args.no_progress,
