@@ -27,9 +27,20 @@ ENV PIP_NO_CACHE_DIR=1
 COPY requirements.txt Makefile ./
 RUN make venv PYTHON=python3.11
 
-# Archives (and gRPC stubs) built here; the container's config.properties rendered from the repository's.
-COPY . .
-RUN make archive \
+# Only what serving needs (tests/unit/test_layers.py checks it): the handler, the models' build code, the
+# archive builder, the server's config and process, the container's commands, TorchServe's config files.
+# The tools (clients, jobs, swap, deploy, verify, bench, hardening, image_check, gpu) stay out.
+COPY config.properties ./
+COPY monitoring/metrics.yaml monitoring/
+COPY handlers/ handlers/
+COPY models/ models/
+COPY scripts/__init__.py scripts/errors.py scripts/layout.py scripts/cli.py scripts/
+COPY scripts/archive/ scripts/archive/
+COPY scripts/server/ scripts/server/
+COPY scripts/container/ scripts/container/
+# Archives built here; the container's config.properties rendered from the repository's.
+RUN mkdir -p model_store \
+    && make model_store/digits.mar model_store/minilm.mar \
     && .venv/bin/python -m scripts.container.config \
     && rm -rf build
 

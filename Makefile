@@ -23,7 +23,7 @@ BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
 .PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench bench-quick fuzz soak gpu-check image-test test-slow clean
+	swap rollback batch-job verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
 
 # --- environment: one pinned requirements file -----------------------------------------------------
 venv: $(STAMP)
@@ -92,14 +92,23 @@ test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
 test-integration: archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest tests/integration
-# gpu-check, for a machine with CUDA (under 8 minutes): the tests marked gpu, then the quick stream benchmark
-# on CUDA in fp32 and bf16 autocast; everything it prints is also written to build/gpu-check.txt.
-gpu-check: archive
-	@mkdir -p build
-	set -o pipefail; $(PY) -m pytest -m gpu -v -s 2>&1 | tee build/gpu-check.txt
-	set -o pipefail; $(PY) -m scripts.checks.bench_stream --quick --no-report --models digits minilm 2>&1 | tee -a build/gpu-check.txt
-	set -o pipefail; $(PY) -m scripts.checks.bench_stream --quick --no-report --models digits minilm --precision bf16 2>&1 \
-		| tee -a build/gpu-check.txt
+# gpu-check, for a machine with CUDA (docs/gpu.md): stops at once, with status 2 and the reason, where CUDA is not
+# available. Else: the CUDA check over the bundle (agreement with the CPU per format and precision, out-of-memory
+# survived per loader, rows/s by batch size; build/gpu-check/gpu-check.{md,json}), the tests marked gpu, then the
+# quick stream benchmark on CUDA in fp32 and bf16 autocast (a TorchServe lane: needs Java). About 8 minutes.
+# gpu-bundle: what the check reads (models, inputs, this machine's CPU answers), small enough to carry to a GPU
+# machine that has only torch (build/gpu-bundle, ~50 MiB).
+gpu-bundle: archive
+	$(PY) -m scripts.gpu.bundle
+gpu-check: $(STAMP)
+	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu-check needs CUDA: torch.cuda.is_available() is False on this machine (torch " + torch.__version__ + "); run it where an NVIDIA GPU and a CUDA build of torch are")'
+	$(MAKE) gpu-bundle
+	@mkdir -p build/gpu-check
+	set -o pipefail; $(PY) -m scripts.gpu.check 2>&1 | tee build/gpu-check/check.txt
+	set -o pipefail; $(PY) -m pytest -m gpu -v -s 2>&1 | tee build/gpu-check/tests.txt
+	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report --models digits minilm 2>&1 | tee build/gpu-check/stream.txt
+	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report --models digits minilm --precision bf16 2>&1 \
+		| tee -a build/gpu-check/stream.txt
 
 # --- clients ------------------------------------------------------------------------------------------
 # make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json
@@ -126,17 +135,17 @@ batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
 # --- verify and bench: each starts its own TorchServe on free ports (not `make serve`'s) ---------------
 # verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
 verify: model_store/digits.mar
-	$(PY) -m scripts.checks.verify
+	$(PY) -m scripts.verify.agreement
 # bench: the stream lanes against a no-op floor, batchSize 1, Flask and LitServe under wrk and k6, then
 # batch jobs through the bulk lane and in-process; writes docs/benchmarks.md and docs/bench/*.png
 # (11 minutes here). bench-quick: the same with short runs and fewer points (under 3 minutes), no report.
 bench: archive
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
-	$(PY) -m scripts.checks.bench_stream
-	$(PY) -m scripts.checks.bench_batch
+	$(PY) -m scripts.bench.stream
+	$(PY) -m scripts.bench.batch
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
-	$(PY) -m scripts.checks.bench_stream --quick --models digits --no-report
+	$(PY) -m scripts.bench.stream --quick --models digits --no-report
 
 # --- hardening (docs/hardening.md): each starts its own TorchServe on free ports, as verify and bench do ----
 # fuzz: schemathesis on the four prediction lanes from TorchServe's own OpenAPI description (repaired), about
@@ -144,16 +153,16 @@ bench-quick: archive
 # soak: 10 minutes of stream traffic (wrk) on digits and minilm plus batch jobs on both bulk lanes; fails when
 # a worker's or the frontend's RSS or open fds grow past the stated bounds. Report: build/soak.json.
 fuzz: archive
-	$(PY) -m scripts.checks.fuzz
+	$(PY) -m scripts.hardening.fuzz
 soak: archive
-	$(PY) -m scripts.checks.soak --minutes 10
+	$(PY) -m scripts.hardening.soak --minutes 10
 
 # --- the serving image (docs/container.md) ---------------------------------------------------------------
 # image-test (CI, after make test): builds the Dockerfile with podman from a Debian base made here by mmdebstrap
 # (cached in build/container/), runs it as its non-root user on free ports, classifies a PNG and embeds a sentence
 # through it, then stops it with SIGTERM. Needs root, podman, runc and mmdebstrap (.ci/run installs them).
 image-test: $(STAMP)
-	$(PY) -m scripts.container.image_test
+	$(PY) -m scripts.image_check.image_test
 
 clean:
 	rm -rf build model_store/*.mar model_store/*.mar.sha256 logs key_file.json

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from handlers.decoding import Payload
-from handlers.errors import RequestError, SettingsError, out_of_resources
+from handlers.errors import RequestError, SettingsError, is_out_of_memory, out_of_resources
 from handlers.model_files import compiled_precision, runs_under_autocast
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
@@ -62,6 +62,16 @@ class InferenceCore:
         self.device = device
         self.settings = settings
         self.autocast_dtype = self._autocast_dtype()
+        if device.type == "cuda" and settings.precision == "fp32":
+            # fp32 means fp32: cuDNN's convolutions default to TF32 on Ampere and later, which moved the digits
+            # probabilities by up to 3e-4 from the CPU's on an H200 (docs/gpu.md); matmuls already default to fp32.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        # Out-of-memory errors seen by the CUDA caching allocator so far (see _ran_out_of_memory).
+        self._device_ooms = _device_ooms(device)
+        # CUDA: copy batches from pinned host memory with non_blocking (overlaps with queued GPU work). A switch
+        # for measuring it (scripts/gpu/check.py), on by default.
+        self.pinned_copies = True
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> InferenceCore:
@@ -150,16 +160,24 @@ class InferenceCore:
                 start += len(chunk)
             try:
                 outputs = self._run([rows[i] for i in chunk], stages, pad_to=step)
-            except torch.OutOfMemoryError:
+            except Exception as error:
+                if not self._ran_out_of_memory(error):
+                    raise
                 self._release_memory()
                 if len(chunk) == 1:
-                    logger.warning("out of memory for a single row (cost %d): it fails alone", self.task.row_cost(rows[chunk[0]]))
+                    logger.warning(
+                        "out of memory (%s) for a single row (cost %d): it fails alone",
+                        type(error).__name__,
+                        self.task.row_cost(rows[chunk[0]]),
+                    )
                     results[chunk[0]] = out_of_resources("out of device memory for this row even alone; send it smaller")
                     continue
                 half = (len(chunk) + 1) // 2
                 step = min(step, half)
                 stages.oom_splits += 1
-                logger.warning("out of memory at %d rows: retrying in micro-batches of %d", len(chunk), half)
+                logger.warning(
+                    "out of memory (%s) at %d rows: retrying in micro-batches of %d", type(error).__name__, len(chunk), half
+                )
                 pending.extend([chunk[half:], chunk[:half]])  # the first half runs first (pop from the end)
                 continue
             for i, result in zip(chunk, outputs, strict=True):
@@ -190,7 +208,10 @@ class InferenceCore:
         if self.device.type != "cuda":
             return batch
         # Pinned host memory lets the copy overlap with work already queued on the GPU.
-        move = lambda t: t.pin_memory().to(self.device, non_blocking=True)  # noqa: E731
+        if self.pinned_copies:
+            move = lambda t: t.pin_memory().to(self.device, non_blocking=True)  # noqa: E731
+        else:
+            move = lambda t: t.to(self.device)  # noqa: E731
         if isinstance(batch, dict):
             return {key: move(value) for key, value in batch.items()}
         return move(batch)
@@ -224,9 +245,23 @@ class InferenceCore:
             return None
         return dtype if self.device.type in ("cpu", "cuda") else None
 
+    def _ran_out_of_memory(self, error: Exception) -> bool:
+        """Whether `error` comes from an allocation that failed. Read from the error itself, or, on CUDA, from the
+        caching allocator's own count: AOTInductor's CUDA runtime reports an out-of-memory only as "run_func_(...)
+        API call failed" (the allocator's message goes to stderr), but the allocator counts it."""
+        ooms = _device_ooms(self.device)
+        counted, self._device_ooms = ooms > self._device_ooms, ooms
+        return is_out_of_memory(error) or counted
+
     def _release_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _device_ooms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return int(torch.cuda.memory_stats(device).get("num_ooms", 0))
 
 
 def _decoded(decode: Callable[[Any], Any], item: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -30,6 +31,25 @@ class SettingsError(ValueError):
 
 def out_of_resources(message: str) -> RequestError:
     return RequestError(message, code=507, type="OutOfResources")
+
+
+# What each loader's runtime says when an allocation fails (handlers/model_files.py): torch's allocators raise
+# torch.OutOfMemoryError on CUDA; torch's CPU allocator, AOTInductor's runtime and onnxruntime's arenas raise a
+# RuntimeError (or onnxruntime's own exception types) whose message says so, each in its own words.
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|failed to allocate memory|can't allocate memory|cannot allocate memory|not enough memory"
+    r"|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|std::bad_alloc|CUBLAS_STATUS_ALLOC_FAILED",
+    re.IGNORECASE,
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation failure (device or host memory), from any loader's runtime: the core then
+    splits the micro-batch instead of failing the batch. Read by type (torch.OutOfMemoryError, MemoryError) or,
+    for runtimes that raise a generic error, by the message they give."""
+    if isinstance(error, MemoryError) or any(cls.__name__ == "OutOfMemoryError" for cls in type(error).__mro__):
+        return True
+    return _OUT_OF_MEMORY.search(str(error)) is not None
 
 
 def too_large(message: str) -> RequestError:

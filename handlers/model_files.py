@@ -27,6 +27,8 @@ from handlers.pickle_guard import refuse_pickles
 
 AOTI_SUFFIX = ".aoti.pt2"
 # A file built at another precision says so in its name: minilm.int8.onnx, digits.bf16.aoti.pt2.
+# A traced graph that names the CPU as a device (e.g. transformers' attention mask built with device=...).
+_CPU_DEVICE_CONSTANT = re.compile(r': Device = prim::Constant\[value="cpu"\]')
 _BAKED_PRECISION = re.compile(r"\.(int8|bf16|fp16)\.(?:onnx|aoti\.pt2|pt2|pt|ts)$")
 
 
@@ -77,6 +79,13 @@ def load_program(path: Path, device: torch.device) -> Any:
         return module
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device)
+        if device.type != "cpu" and _CPU_DEVICE_CONSTANT.search(str(module.inlined_graph)):
+            # map_location moves the weights, not a device written into the traced graph: such a file fails on
+            # the first request ("attn_bias is on cpu", minilm traced on the CPU then run on an H200).
+            raise ValueError(
+                f"{path.name} was traced on the CPU and its graph creates tensors there, so it cannot run on {device}: "
+                f"serve the torch.export format (.pt2) on GPUs, or trace the TorchScript file on a {device.type} machine"
+            )
         module.eval()
         return module
     return OnnxModel(path, device)

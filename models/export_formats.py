@@ -88,11 +88,23 @@ def write(
 
 
 def _torchscript(eager: nn.Module, example, precision: str, path: Path) -> None:
-    with torch.no_grad():
+    with torch.no_grad(), strict_fp32():
         # Tracing records the tensor ops, with sizes read from the inputs (aten::size), so batch and
         # sequence stay dynamic; verify() checks that at other shapes than the example's.
         traced = torch.jit.trace(eager, example, check_trace=False)
     torch.jit.save(traced, str(path))
+
+
+@contextlib.contextmanager
+def strict_fp32():
+    """Trace with cuDNN's TF32 off: a trace writes the flag into each convolution (aten::_convolution's allow_tf32),
+    and the CUDA default (on) moved digits' probabilities by 3e-4 from the CPU's on an H200 (docs/gpu.md)."""
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved
 
 
 def _aoti(eager, program_path, example, dynamic_shapes, precision, path: Path) -> None:
@@ -116,7 +128,9 @@ class _Bf16(nn.Module):
         self.inner = inner
 
     def forward(self, *inputs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # The inputs' device at export (CPU for make archive): autocast "cpu" alone would leave a program
+        # exported on CUDA in fp32.
+        with torch.autocast(inputs[0].device.type, dtype=torch.bfloat16):
             output = self.inner(*inputs)
         return output.float()
 

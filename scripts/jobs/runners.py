@@ -8,17 +8,15 @@ the server's answer to `{"instances": [...]}`, so retries and bad-row isolation 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import requests
-import torch
 
-from handlers.core import InferenceCore, select_device
+from handlers.core import InferenceCore
 from handlers.decoding import Payload
-from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict, unavailable_reason
 from scripts.errors import ScriptError
 from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
@@ -66,23 +64,16 @@ def encode_chunk(instances: list[Any], limit: int) -> bytes:
     )
 
 
+@dataclass
 class ServerRunner:
     """POSTs chunks as {"instances": [...]} to a lane; one keep-alive session per worker thread."""
 
-    def __init__(
-        self,
-        endpoints: Endpoints,
-        lane: str,
-        size_limit: int,
-        timeout: float = 600.0,
-        job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE,
-    ) -> None:
-        self.endpoints = endpoints
-        self.lane = lane
-        self.size_limit = size_limit
-        self.timeout = timeout
-        self.job_queue_size = job_queue_size
-        self._local = threading.local()
+    endpoints: Endpoints
+    lane: str
+    size_limit: int
+    timeout: float = 600.0
+    job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE
+    _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -128,16 +119,3 @@ class InProcessRunner:
     def send(self, instances: list[Any]) -> Reply:
         response = self.core.answer([Payload(items=instances, raw=False)])[0]
         return Reply(response.status, response.body)
-
-
-def load_core(archive: Path) -> InferenceCore:
-    """The core as TorchServe would build it from this .mar: its model-config.yaml and model file.
-
-    The handler code is this checkout's `handlers` package, the same source the archive was built from.
-    """
-    mar = MarFile(archive)
-    settings = mar.settings()
-    device = select_device(0 if torch.cuda.is_available() else None)
-    with mar.unpacked() as folder:
-        # The model file is read fully into memory here, so the unpacked folder can go afterwards.
-        return InferenceCore.load(folder, settings, device)

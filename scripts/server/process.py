@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,16 +90,20 @@ class Server:
         return path
 
     def wait_ready(self, models: list[str], timeout: float = 180.0, process: subprocess.Popen | None = None) -> None:
-        deadline = time.monotonic() + timeout
         pending = list(models)
-        while pending:
-            if process is not None and process.poll() is not None:
-                raise ServerError(f"TorchServe exited with {process.returncode}; see {self.workdir / 'torchserve.out'}")
-            if time.monotonic() > deadline:
-                raise ServerError(f"models {pending} not ready after {timeout:.0f}s; see {self.workdir / 'logs'}")
-            pending = [model for model in pending if not self._ready(model)]
-            if pending:
-                time.sleep(0.5)
+
+        def ready() -> bool:
+            pending[:] = [model for model in pending if not self._ready(model)]
+            return not pending
+
+        wait_until(
+            ready,
+            timeout,
+            process,
+            exited=f"TorchServe exited with {{code}}; see {self.workdir / 'torchserve.out'}",
+            late=lambda: f"models {pending} not ready after {timeout:.0f}s; see {self.workdir / 'logs'}",
+            interval=0.5,
+        )
 
     def _ready(self, model: str) -> bool:
         endpoints = self.endpoints
@@ -125,6 +130,26 @@ class Server:
             subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
             return
         stop_process_group(process, timeout=30)
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    timeout: float,
+    process: subprocess.Popen | None,
+    exited: str,
+    late: Callable[[], str],
+    interval: float = 0.25,
+) -> None:
+    """Poll `ready()` until it holds: the one wait for a child that must come up (TorchServe, Prometheus, a
+    benchmark peer). ServerError(`exited`, {code} the exit status) when `process` ends first, ServerError(late())
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if process is not None and process.poll() is not None:
+            raise ServerError(exited.format(code=process.returncode))
+        if time.monotonic() > deadline:
+            raise ServerError(late())
+        time.sleep(interval)
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float, whole_group: bool = False) -> None:

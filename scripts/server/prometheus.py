@@ -18,7 +18,7 @@ import requests
 
 from scripts.errors import ServerError
 from scripts.layout import ROOT
-from scripts.server.process import free_port, stop_process_group
+from scripts.server.process import free_port, stop_process_group, wait_until
 
 MONITORING = ROOT / "monitoring"
 ALERTS = MONITORING / "alerts.yml"
@@ -105,16 +105,14 @@ def scraping(metrics_address: str, workdir: Path, interval: str = "1s", rules: P
 
 
 def _wait_ready(prometheus: Prometheus, process: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise ServerError(f"prometheus exited with {process.returncode}; see {prometheus.workdir / 'prometheus.out'}")
+    def ready() -> bool:
         with contextlib.suppress(requests.ConnectionError):
-            if requests.get(f"{prometheus.url}/-/ready", timeout=5).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise ServerError(f"prometheus not ready after {timeout:.0f}s; see {prometheus.workdir / 'prometheus.out'}")
-        time.sleep(0.25)
+            return requests.get(f"{prometheus.url}/-/ready", timeout=5).status_code == 200
+        return False
+
+    log = prometheus.workdir / "prometheus.out"
+    late = f"prometheus not ready after {timeout:.0f}s; see {log}"
+    wait_until(ready, timeout, process, f"prometheus exited with {{code}}; see {log}", lambda: late)
 
 
 # -- names ------------------------------------------------------------------------------------------------------

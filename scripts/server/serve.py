@@ -41,13 +41,16 @@ def main() -> int:
     models = config.lanes()
     server.wait_ready(models)
     e = server.endpoints
+    where = {
+        "inference": f"{e.inference}/predictions/<lane>",
+        "management": f"{e.management}/models",
+        "metrics": f"{e.metrics}/metrics",
+        "gRPC": f"{e.grpc_host}:{e.grpc_inference_port} (inference), :{e.grpc_management_port} (management)",
+        "tokens": f"{e.key_file} (inference.key for predictions, management.key for the management API)",
+        "logs": f"{ROOT / 'logs'}; stop with `make stop`",
+    }
     print(f"TorchServe is up in {time.monotonic() - started:.0f}s with lanes: {', '.join(models)}")
-    print(f"  inference   {e.inference}/predictions/<lane>")
-    print(f"  management  {e.management}/models")
-    print(f"  metrics     {e.metrics}/metrics")
-    print(f"  gRPC        {e.grpc_host}:{e.grpc_inference_port} (inference), :{e.grpc_management_port} (management)")
-    print(f"  tokens      {e.key_file} (inference.key for predictions, management.key for the management API)")
-    print(f"  logs        {ROOT / 'logs'}; stop with `make stop`")
+    print("\n".join(f"  {name:<12}{address}" for name, address in where.items()))
     return 0
 
 

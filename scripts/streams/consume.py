@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import cli
+from scripts.archive.core import load_core
 from scripts.errors import ScriptError
 from scripts.jobs.chunks import RetryPolicy
-from scripts.jobs.runners import InProcessRunner, ServerRunner, load_core
+from scripts.jobs.runners import InProcessRunner, ServerRunner
 from scripts.layout import MODEL_STORE
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints

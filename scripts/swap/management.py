@@ -47,6 +47,10 @@ class ManagementApi:
         default = self._default_version(model)
         return [_version_state(entry, default) for entry in reply.json()]
 
+    def worker_pids(self, model: str) -> tuple[int, ...]:
+        """The pids of the workers serving `model`, over all its registered versions, sorted."""
+        return tuple(sorted(pid for state in self.versions(model) for pid in state.worker_pids))
+
     def version(self, model: str, version: str) -> VersionState:
         reply = self._call("GET", f"/models/{model}/{version}", subject=f"version {version} of {model!r}")
         return _version_state(reply.json()[0], self._default_version(model))

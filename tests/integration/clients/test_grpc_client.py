@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from models.digits.samples import grid_png, held_out
-from scripts.archive.sequence_lane import SEQUENCE_CONFIG, add_sequence_lane
 from scripts.clients.grpc_client import GrpcClient, PredictionError
 from scripts.swap.management import ManagementApi
+from scripts.swap.sequence_lane import SEQUENCE_CONFIG, add_sequence_lane
 
 
 @pytest.fixture(scope="module")

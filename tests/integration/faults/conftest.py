@@ -66,12 +66,10 @@ class Stall:
 
 @dataclass(frozen=True)
 class FaultServer:
+    """The stalling archive's server, and the folder whose files tell its handler which lane to stall."""
+
     server: Server
     stall_folder: Path
-
-    @property
-    def endpoints(self) -> Endpoints:
-        return self.server.endpoints
 
     @contextlib.contextmanager
     def stalled(self, lane: str, seconds: float = 120) -> Iterator[Stall]:
@@ -84,6 +82,10 @@ class FaultServer:
         finally:
             switch.unlink(missing_ok=True)
             stall.release()
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return self.server.endpoints
 
 
 @pytest.fixture(scope="module")

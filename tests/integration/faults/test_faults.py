@@ -33,6 +33,7 @@ from scripts.jobs.outputs import read_results
 from scripts.jobs.runners import JobError
 from scripts.layout import ROOT
 from scripts.swap.management import ManagementApi
+from tests.batch_jobs import digits_job, on_server
 from tests.integration.faults.conftest import JOB_QUEUE_SIZE, LANES, FaultServer
 
 PNG_FILE = ROOT / "tests" / "fixtures" / "digit_7.png"
@@ -63,7 +64,7 @@ def lane_state(fault_server: FaultServer, lane: str):
 
 
 def worker_pids(fault_server: FaultServer) -> dict[str, tuple[int, ...]]:
-    return {lane: lane_state(fault_server, lane).worker_pids for lane in LANES}
+    return {lane: ManagementApi(fault_server.endpoints).worker_pids(lane) for lane in LANES}
 
 
 def answers_correctly(fault_server: FaultServer, lane: str) -> None:
@@ -90,17 +91,9 @@ def stream_load(fault_server: FaultServer, requests: int, clients: int = CLIENTS
 
 
 def job_config(fault_server: FaultServer, tmp_path, notify: Callable[[str], None], **retry) -> JobConfig:
-    return JobConfig(
-        model="digits",
-        input=write_jsonl(tmp_path / "rows.jsonl", ROWS),
-        output=tmp_path / "out.jsonl",
-        chunk_size=25,
-        concurrency=2,
-        config=fault_server.server.config,
-        key_file=fault_server.endpoints.key_file,
-        progress_bar=False,
-        retry=RetryPolicy(notify=notify, **retry),
-    )
+    source = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    options = {"chunk_size": 25, "concurrency": 2, "retry": RetryPolicy(notify=notify, **retry), **on_server(fault_server)}
+    return digits_job(source, tmp_path / "out.jsonl", **options)
 
 
 def check_job(summary: JobSummary, tmp_path) -> None:

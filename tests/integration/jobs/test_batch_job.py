@@ -9,10 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from models.digits.samples import digit_rows, write_jsonl
-from scripts.checks.verify import verify_mode
-from scripts.jobs.batch_job import EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED, JobConfig, main, run_job
+from scripts.jobs.batch_job import EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.layout import ROOT
+from scripts.verify.agreement import verify_mode
+from tests.batch_jobs import digits_job, job_args, on_server, with_bad_lines
 
 ROWS = digit_rows(200)
 ARCHIVE = ROOT / "model_store" / "digits.mar"
@@ -28,29 +29,8 @@ def scores(records) -> np.ndarray:
 
 def test_the_bulk_lane_and_the_in_process_runner_agree(digits_server, tmp_path):
     source = write_jsonl(tmp_path / "in.jsonl", ROWS)
-    server = run_job(
-        JobConfig(
-            model="digits",
-            input=source,
-            output=tmp_path / "server.jsonl",
-            chunk_size=40,
-            concurrency=3,
-            config=digits_server.server.config,
-            key_file=digits_server.endpoints.key_file,
-            progress_bar=False,
-        )
-    )
-    local = run_job(
-        JobConfig(
-            model="digits",
-            input=source,
-            output=tmp_path / "local.jsonl",
-            chunk_size=40,
-            in_process=True,
-            archive=ARCHIVE,
-            progress_bar=False,
-        )
-    )
+    server = run_job(digits_job(source, tmp_path / "server.jsonl", chunk_size=40, concurrency=3, **on_server(digits_server)))
+    local = run_job(digits_job(source, tmp_path / "local.jsonl", chunk_size=40, in_process=True, archive=ARCHIVE))
     assert (server.predicted, server.failed, local.predicted, local.failed) == (200, 0, 200, 0)
     from_server, from_local = read_results(tmp_path / "server.jsonl"), read_results(tmp_path / "local.jsonl")
     assert [r["id"] for r in from_server] == [r["id"] for r in from_local] == [f"digit-{n}" for n in range(200)]
@@ -61,23 +41,9 @@ def test_the_bulk_lane_and_the_in_process_runner_agree(digits_server, tmp_path):
 
 
 def test_a_bad_row_in_the_middle_is_isolated_by_the_server_path(digits_server, tmp_path, capsys):
-    lines = write_jsonl(tmp_path / "in.jsonl", ROWS).read_bytes().splitlines()
-    lines[100] = orjson.dumps({"id": "out-of-range", "instance": [99] * 64})
-    lines[101] = b'{"id": "cut", "instance": [0, 0'
-    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    code = main(
-        [
-            "--model",
-            "digits",
-            "--input",
-            str(tmp_path / "in.jsonl"),
-            "--output",
-            str(tmp_path / "out.jsonl"),
-            "--chunk-size",
-            "64",
-            *server_args(digits_server),
-        ]
-    )
+    bad = {100: orjson.dumps({"id": "out-of-range", "instance": [99] * 64}), 101: b'{"id": "cut", "instance": [0, 0'}
+    source = with_bad_lines(tmp_path / "in.jsonl", ROWS, bad)
+    code = main(job_args(source, tmp_path / "out.jsonl", "--chunk-size", "64", *server_args(digits_server)))
     assert code == EXIT_ROW_ERRORS
     results = read_results(tmp_path / "out.jsonl")
     assert [r["id"] for r in results] == [f"digit-{n}" for n in range(200) if n not in (100, 101)]
@@ -91,19 +57,7 @@ def test_a_bad_row_in_the_middle_is_isolated_by_the_server_path(digits_server, t
 def test_parquet_in_parquet_out_through_the_server(digits_server, tmp_path):
     source = tmp_path / "in.parquet"
     pq.write_table(pa.table({"id": list(range(1000, 1200)), "instance": ROWS.instances}), source)
-    code = main(
-        [
-            "--model",
-            "digits",
-            "--input",
-            str(source),
-            "--output",
-            str(tmp_path / "out.parquet"),
-            "--chunk-size",
-            "70",
-            *server_args(digits_server),
-        ]
-    )
+    code = main(job_args(source, tmp_path / "out.parquet", "--chunk-size", "70", *server_args(digits_server)))
     assert code == EXIT_OK
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.column("id").to_pylist() == list(range(1000, 1200))
@@ -116,19 +70,8 @@ def test_a_chunk_over_max_request_size_is_stopped_before_sending_and_resumes_wit
     text = digits_server.server.config.read_text()
     config.write_text(re.sub(r"(?m)^max_request_size=.*$", "max_request_size=20000", text))
     source = write_jsonl(tmp_path / "in.jsonl", ROWS)
-    args = [
-        "--model",
-        "digits",
-        "--input",
-        str(source),
-        "--output",
-        str(tmp_path / "out.jsonl"),
-        "--config",
-        str(config),
-        "--key-file",
-        str(digits_server.endpoints.key_file),
-        "--no-progress",
-    ]
+    args = job_args(source, tmp_path / "out.jsonl", "--config", str(config), "--key-file", str(digits_server.endpoints.key_file))
+    args.append("--no-progress")
     assert main(args + ["--chunk-size", "150"]) == EXIT_STOPPED
     message = capsys.readouterr().err
     assert "over the server's max_request_size of 20000 bytes" in message

@@ -18,8 +18,7 @@ import pytest
 
 from scripts.clients.grpc_client import GrpcClient, error_in, rpc_error
 from scripts.clients.grpc_stubs import inference_pb2
-from scripts.server.config import ServerConfig
-from scripts.swap.management import ManagementApi
+from tests.integration.serving.bad_input import OVER_MAX_REQUEST_SIZE, sent_body, server_and_watched_lane, worker_pids
 from tests.malformed import (
     DEEP_JSON,
     INFINITY_JSON,
@@ -34,8 +33,6 @@ from tests.malformed import (
     rows,
     truncated_png,
 )
-
-OVER_MAX_REQUEST_SIZE = b"over max_request_size"  # stands for a body one byte over the server's limit
 
 
 @dataclass(frozen=True)
@@ -117,25 +114,11 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def servers(request):
-    """The session's servers, started only for the models the selected cases need."""
-    return {model: request.getfixturevalue(f"{model}_server") for model in ("digits", "minilm")}
-
-
-def model_of(lane: str) -> str:
-    return "minilm" if lane.startswith("minilm") else "digits"
-
-
-def worker_pids(endpoints, lane: str) -> list[int]:
-    return sorted(pid for state in ManagementApi(endpoints).versions(lane) for pid in state.worker_pids)
-
-
 def call(server, case: Case) -> tuple[int | str, str]:
     """(code, message) of the case's refusal: the handler's error body in an OK reply, or the call's status."""
     inputs = dict(case.input)
-    if inputs.get("body") == OVER_MAX_REQUEST_SIZE:
-        inputs["body"] = b"\x00" * (ServerConfig.read(server.server.config).max_request_size + 1)
+    if "body" in inputs:
+        inputs["body"] = sent_body(server, inputs["body"])
     with GrpcClient(server.endpoints) as client:
         request = inference_pb2.PredictionsRequest(model_name=case.lane, input=inputs)
         try:
@@ -154,8 +137,7 @@ def test_the_table_has_thirty_distinct_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_a_malformed_request_gets_an_error_naming_the_problem_and_no_worker_restarts(servers, case):
-    server = servers[model_of(case.lane)]
-    watched = case.lane if case.lane != "nope" else "digits"
+    server, watched = server_and_watched_lane(servers, case.lane)
     before = worker_pids(server.endpoints, watched)
     code, message = call(server, case)
     assert code == case.code, message

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import pytest
 import requests
 
-from scripts.server.config import ServerConfig
-from scripts.swap.management import ManagementApi
+from tests.integration.serving.bad_input import OVER_MAX_REQUEST_SIZE, sent_body, server_and_watched_lane, worker_pids
 from tests.malformed import (
     DEEP_JSON,
     INFINITY_JSON,
@@ -36,7 +35,6 @@ from tests.malformed import (
 FORM = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data; boundary=x"
 MULTIPART_FILE = b'--x\r\nContent-Disposition: form-data; name="file"\r\nContent-Type: image/png\r\n\r\nPNG\r\n--x--\r\n'
-OVER_MAX_REQUEST_SIZE = b"over max_request_size"  # stands for a body one byte over the server's limit
 
 
 @dataclass(frozen=True)
@@ -134,25 +132,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def servers(request):
-    """The session's servers, started only for the models the selected cases need."""
-    return {model: request.getfixturevalue(f"{model}_server") for model in ("digits", "minilm")}
-
-
-def model_of(lane: str) -> str:
-    return "minilm" if lane.startswith("minilm") else "digits"
-
-
-def worker_pids(endpoints, lane: str) -> list[int]:
-    return sorted(pid for state in ManagementApi(endpoints).versions(lane) for pid in state.worker_pids)
-
-
 def send(server, case: Case) -> requests.Response:
     endpoints = server.endpoints
-    body = case.body
-    if body == OVER_MAX_REQUEST_SIZE:
-        body = b"\x00" * (ServerConfig.read(server.server.config).max_request_size + 1)
+    body = sent_body(server, case.body)
     headers = {**endpoints.auth("inference"), **({"Content-Type": case.media} if case.media is not None else {})}
     return requests.request(case.method, endpoints.prediction_url(case.lane), data=body, headers=headers, timeout=60)
 
@@ -163,8 +145,7 @@ def test_the_table_has_thirty_distinct_cases():
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_a_malformed_request_gets_its_status_naming_the_problem_and_no_worker_restarts(servers, case):
-    server = servers[model_of(case.lane)]
-    watched = case.lane if case.lane != "nope" else "digits"
+    server, watched = server_and_watched_lane(servers, case.lane)
     before = worker_pids(server.endpoints, watched)
     reply = send(server, case)
     assert reply.status_code == case.code, reply.text[:300]

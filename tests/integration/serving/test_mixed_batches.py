@@ -16,8 +16,8 @@ import pytest
 from handlers.decoding import read_body
 from models.digits.samples import grid_png, held_out
 from models.minilm.samples import varied_sentences
+from scripts.archive.core import load_core
 from scripts.clients.load import send_concurrently
-from scripts.jobs.runners import load_core
 from scripts.server.config import LaneSettings
 from scripts.swap.management import ManagementApi
 from tests.malformed import (

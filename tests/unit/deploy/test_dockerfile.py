@@ -1,6 +1,6 @@
 """The serving image without building it: hadolint at warning level, the Dockerfile's contract with
 scripts/container/, the container's config.properties and the pip settings a build is given.
-The image itself is built and run by `make image-test` (scripts/container/image_test.py)."""
+The image itself is built and run by `make image-test` (scripts/image_check/image_test.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from scripts.container.config import KEY_DIR, listener_environment, ports_of, render_container_config
 from scripts.container.healthcheck import inference_address, ping_url
-from scripts.container.pip_settings import PipSettings, named_paths, parse_config_list
+from scripts.image_check.pip_settings import PipSettings, named_paths, parse_config_list
 from scripts.layout import CONFIG, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.process import BIN

@@ -94,12 +94,18 @@ def test_an_undecodable_request_passed_as_error_still_gets_its_own_answer(digits
     assert [r.status for r in responses] == [400, 200]
 
 
+def answer_on_small_memory(digits_core, grids, fits: int):
+    """`grids` as one request, max_batch_rows 16, on a model that runs out of memory above `fits` rows:
+    (the model, which records the batch sizes it was given; the response; the stage times)."""
+    model = RecordingModel(digits_core.model, fits=fits)
+    stages = StageTimes()
+    [response] = core_with(digits_core, model, max_batch_rows=16).answer([instances(grids)], stages)
+    return model, response, stages
+
+
 def test_out_of_memory_halves_the_micro_batch_and_still_answers_every_row(digits_core):
     grids, _ = held_out(20)
-    model = RecordingModel(digits_core.model, fits=4)
-    core = core_with(digits_core, model, max_batch_rows=16)
-    stages = StageTimes()
-    [response] = core.answer([instances(grids)], stages)
+    model, response, stages = answer_on_small_memory(digits_core, grids, fits=4)
     [reference] = digits_core.answer([instances(grids)])
     assert response.status == 200
     assert_same_predictions(response.body["predictions"], reference.body["predictions"])
@@ -170,10 +176,7 @@ def test_deterministic_mode_pads_to_the_current_step_so_a_split_really_shrinks_t
 
 def test_a_split_batch_learns_the_size_that_fits_for_the_rest_of_the_call(digits_core):
     grids, _ = held_out(40)
-    model = RecordingModel(digits_core.model, fits=5)
-    core = core_with(digits_core, model, max_batch_rows=16)
-    stages = StageTimes()
-    [response] = core.answer([instances(grids)], stages)
+    model, response, stages = answer_on_small_memory(digits_core, grids, fits=5)
     assert response.status == 200 and len(response.body["predictions"]) == 40
     assert model.sizes[:3] == [16, 8, 4]  # 16 -> 8 -> 4 fits; then nothing above 4 is tried again
     assert max(model.sizes[3:]) == 4 and stages.oom_splits == 2 and sum(stages.forward_rows) == 40

@@ -52,9 +52,13 @@ def test_the_server_config_ships_the_metrics_yaml_and_exports_only_declared_metr
 
 
 def emitted(caplog) -> list[tuple[str, float, dict[str, str]]]:
+    return emitted_lines(caplog.messages)
+
+
+def emitted_lines(messages: list[str]) -> list[tuple[str, float, dict[str, str]]]:
     """The worker's metric lines, `[METRICS]Name.Unit:value|#dim:value,...|#type:...`, as (name, value, dims)."""
     lines = []
-    for message in caplog.messages:
+    for message in messages:
         head, dimensions = message.removeprefix("[METRICS]").split("|")[:2]
         name, value = head.split(":")
         dims = dict(pair.split(":") for pair in dimensions.removeprefix("#").split(","))

@@ -17,6 +17,7 @@ from models.digits.samples import digit_rows, write_jsonl
 from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.layout import ROOT
+from tests.batch_jobs import assert_same, job_args, with_bad_lines
 
 ROWS = digit_rows(120)
 
@@ -56,14 +57,6 @@ def job(tmp_path, archive, input, output="out.jsonl", **options):
     )
 
 
-def assert_same(records, expected):
-    assert [r["id"] for r in records] == [e["id"] for e in expected]
-    assert [r["prediction"]["label"] for r in records] == [e["prediction"]["label"] for e in expected]
-    np.testing.assert_allclose(
-        [r["prediction"]["scores"] for r in records], [e["prediction"]["scores"] for e in expected], atol=1e-6
-    )
-
-
 def test_every_row_once_in_order_with_the_held_out_labels(reference):
     assert [r["id"] for r in reference] == [f"digit-{n}" for n in range(120)]
     labels = [r["prediction"]["label"] for r in reference]
@@ -71,25 +64,9 @@ def test_every_row_once_in_order_with_the_held_out_labels(reference):
 
 
 def test_a_bad_row_in_the_middle_goes_to_the_errors_file_and_the_job_exits_1(tmp_path, digits_archive, reference, capsys):
-    lines = write_jsonl(tmp_path / "in.jsonl", ROWS).read_bytes().splitlines()
-    lines[60] = orjson.dumps({"id": "short", "instance": [1, 2, 3]})
-    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
-    code = main(
-        [
-            "--model",
-            "digits",
-            "--input",
-            str(tmp_path / "in.jsonl"),
-            "--output",
-            str(tmp_path / "out.jsonl"),
-            "--in-process",
-            "--archive",
-            str(digits_archive),
-            "--chunk-size",
-            "25",
-            "--no-progress",
-        ]
-    )
+    source = with_bad_lines(tmp_path / "in.jsonl", ROWS, {60: orjson.dumps({"id": "short", "instance": [1, 2, 3]})})
+    options = ["--in-process", "--archive", str(digits_archive), "--chunk-size", "25", "--no-progress"]
+    code = main(job_args(source, tmp_path / "out.jsonl", *options))
     assert code == EXIT_ROW_ERRORS
     assert_same(read_results(tmp_path / "out.jsonl"), reference[:60] + reference[61:])
     errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
@@ -126,21 +103,8 @@ def test_resume_after_the_job_is_killed_mid_run(tmp_path, digits_archive, refere
     source = write_jsonl(tmp_path / "in.jsonl", ROWS)
     output = tmp_path / "out.jsonl"
     progress = tmp_path / "out.jsonl.progress.json"
-    command = [
-        sys.executable,
-        "-m",
-        "scripts.jobs.batch_job",
-        "--model",
-        "digits",
-        "--input",
-        str(source),
-        "--output",
-        str(output),
-        "--in-process",
-        "--archive",
-        str(digits_archive),
-        "--no-progress",
-    ]
+    command = [sys.executable, "-m", "scripts.jobs.batch_job"]
+    command += job_args(source, output, "--in-process", "--archive", str(digits_archive), "--no-progress")
     # One row per chunk keeps the first run slow enough to be caught in the middle.
     process = subprocess.Popen(command + ["--chunk-size", "1"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,0 +1,24 @@
+"""The handler core as TorchServe builds it from a .mar: the archive's model-config.yaml and model file,
+loaded on this machine's device. Batch jobs in process, the benchmark peers and the image test use it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from handlers.core import InferenceCore, select_device
+from scripts.archive.reader import MarFile
+
+
+def load_core(archive: Path) -> InferenceCore:
+    """The core as TorchServe would build it from this .mar: its model-config.yaml and model file.
+
+    The handler code is this checkout's `handlers` package, the same source the archive was built from.
+    """
+    mar = MarFile(archive)
+    settings = mar.settings()
+    device = select_device(0 if torch.cuda.is_available() else None)
+    with mar.unpacked() as folder:
+        # The model file is read fully into memory here, so the unpacked folder can go afterwards.
+        return InferenceCore.load(folder, settings, device)

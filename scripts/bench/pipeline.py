@@ -1,0 +1,102 @@
+"""The ceiling and the CPU limit: the in-process pipeline's CPU cost per request, and a server's CPU cost
+per request under load (its process tree's CPU time over the requests it served).
+
+The pipeline is what a worker runs per TorchServe batch: decode each request's body, collate, forward,
+unbatch and JSON-encode each answer, through the core loaded from the archive, on one torch thread.
+CPU limit (requests/s) = cores / (the no-op lane's CPU s per request + the pipeline's CPU s per request).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+import torch
+
+from handlers.decoding import read_body
+from scripts.archive.core import load_core
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    batch: int
+    requests: int
+    seconds: float
+    cpu_s: float
+
+    @property
+    def requests_per_second(self) -> float:
+        """On one thread, wall clock."""
+        return self.requests / self.seconds
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.cpu_s / self.requests * 1000
+
+
+@dataclass(frozen=True)
+class ServerCpu:
+    requests: int
+    cpu_s: float  # user + system of the server's whole process tree (frontend and workers)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.cpu_s / max(self.requests, 1) * 1000
+
+
+def cpu_limit(cores: int, floor_cpu_ms: float, pipeline_cpu_ms: float) -> float:
+    """Requests/s the machine could serve if its cores did nothing but the floor's and the pipeline's work."""
+    return cores * 1000.0 / (floor_cpu_ms + pipeline_cpu_ms)
+
+
+def pipeline(archive: Path, body: bytes, batch: int, seconds: float = 3.0, threads: int = 1) -> PipelineResult:
+    """Batches of `batch` copies of `body` through decode -> collate -> forward -> unbatch -> JSON, for `seconds`."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        core = load_core(archive)
+        parsed = orjson.loads(body)  # TorchServe hands an application/json body over parsed
+
+        def one_batch() -> None:
+            for answer in core.answer([read_body(parsed) for _ in range(batch)]):
+                orjson.dumps(answer.body)
+
+        for _ in range(10):
+            one_batch()
+        calls, cpu_before, started = 0, _own_cpu(), time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            one_batch()
+            calls += 1
+        return PipelineResult(batch, calls * batch, time.perf_counter() - started, _own_cpu() - cpu_before)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and all its descendants alive now."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def server_cpu(pid: int, load: Callable[[], int]) -> ServerCpu:
+    """Run `load()` (it returns the requests served, e.g. a wrk closed loop) and charge the server tree's CPU to it."""
+    before = tree_cpu_seconds(pid)
+    requests = load()
+    return ServerCpu(requests, tree_cpu_seconds(pid) - before)

@@ -1,0 +1,61 @@
+"""PNG plots for docs/benchmarks.md: latency against offered load, and throughput per system."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no screen
+import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+
+from scripts.bench.results import ModelBench  # noqa: E402 - after choosing the backend
+
+
+def write(bench: ModelBench, folder: Path) -> list[Path]:
+    """The plots of one model's run, written to `folder`; returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [_throughput(bench, folder / f"{bench.model}-throughput.png")]
+    if bench.open:
+        written.append(_latency(bench, folder / f"{bench.model}-latency.png"))
+    return written
+
+
+def _throughput(bench: ModelBench, path: Path) -> Path:
+    connections = sorted({run["connections"] for runs in bench.closed.values() for run in runs})
+    systems = list(bench.closed)
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(connections)
+    for offset, count in enumerate(connections):
+        heights = [bench.at(system, count)["rps"] for system in systems]
+        positions = [index + (offset - (len(connections) - 1) / 2) * width for index in range(len(systems))]
+        axis.bar(positions, heights, width, label=f"{count} connections")
+    axis.axhline(bench.cpu_limit, color="black", linestyle="--", linewidth=1, label=f"CPU limit {bench.cpu_limit:,.0f}/s")
+    axis.axhline(bench.ceiling, color="grey", linestyle=":", linewidth=1, label=f"in-process ceiling {bench.ceiling:,.0f}/s")
+    axis.set_xticks(range(len(systems)), systems, rotation=15)
+    axis.set_ylabel("requests/s (closed loop, wrk)")
+    axis.set_title(f"{bench.model}: throughput per system")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _latency(bench: ModelBench, path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for system, runs in bench.open.items():
+        rates = [run["offered_rps"] for run in runs]
+        (line,) = axis.plot(rates, [run["p99_ms"] for run in runs], marker="o", label=f"{system} p99")
+        axis.plot(
+            rates, [run["p50_ms"] for run in runs], marker=".", linestyle="--", color=line.get_color(), label=f"{system} p50"
+        )
+    axis.set_yscale("log")
+    axis.set_xlabel("offered requests/s (open loop, k6)")
+    axis.set_ylabel("latency ms (log)")
+    axis.set_title(f"{bench.model}: latency against offered load")
+    axis.legend(fontsize=8, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

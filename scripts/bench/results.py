@@ -1,0 +1,35 @@
+"""One model's benchmark results: what the stream benchmark measures and the plots and the report read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scripts.bench.pipeline import cpu_limit
+from scripts.server.config import LaneSettings
+
+
+@dataclass
+class ModelBench:
+    """One model's figures from `make bench`: its lane, the pipeline's and the no-op floor's CPU cost per
+    request, and every load run by system (closed loop: connections; open loop: offered rates)."""
+
+    model: str
+    lane: LaneSettings
+    cores: int
+    closed: dict[str, list[dict]] = field(default_factory=dict)  # system -> LoadResult dicts
+    open: dict[str, list[dict]] = field(default_factory=dict)
+    pipeline_cpu_ms: float = 0.0
+    pipeline_rps_one_thread: float = 0.0
+    floor_cpu_ms: float = 0.0
+
+    @property
+    def ceiling(self) -> float:
+        """Requests/s if every core ran only the in-process pipeline."""
+        return self.cores * 1000.0 / self.pipeline_cpu_ms
+
+    @property
+    def cpu_limit(self) -> float:
+        return cpu_limit(self.cores, self.floor_cpu_ms, self.pipeline_cpu_ms)
+
+    def at(self, system: str, connections: int) -> dict:
+        return next(r for r in self.closed[system] if r["connections"] == connections)

@@ -1,0 +1,317 @@
+"""`make bench` (stream half): each model's stream lane against what a user would pick instead, in one run.
+
+    python -m scripts.bench.stream [--quick] [--models digits minilm] [--precision bf16] [--no-report]
+
+Per model, one after the other on this machine, every system serving the same archive's core with the
+same workers and torch threads, under the same load (wrk: closed loop; k6: open loop) and the same
+one-row JSON body:
+  - in-process pipeline: decode, collate, forward, unbatch and JSON on one torch thread at the lane's
+    batch size; its CPU per request gives the ceiling (cores / CPU per request);
+  - one TorchServe with four lanes: the model's stream lane as config.properties sets it; the same
+    archive with batchSize 1 (TorchServe without dynamic batching); a no-op handler with the lane's
+    batching (the transport floor, whose CPU per request under load gives, with the pipeline's, the
+    CPU limit); the no-op handler with batchSize 1 (what a lone request costs TorchServe);
+  - Flask + gunicorn, one forward per request; LitServe with its batching on (batch size and timeout
+    as the lane's).
+Closed loop at 1, 16 and 64 connections, then an open-loop sweep of offered rates (fractions of the
+lane's closed-loop rate). Writes build/bench/stream.json, the stream section of docs/benchmarks.md
+and PNG plots in docs/bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from datetime import date
+from pathlib import Path
+
+import orjson
+import requests
+import torch
+
+from models.digits.samples import digit_rows
+from scripts import cli
+from scripts.archive.variant import write_variant
+from scripts.bench import loadgen, plots
+from scripts.bench.peers.flask_app import flask_peer
+from scripts.bench.peers.litserve_app import litserve_peer
+from scripts.bench.peers.noop_handler import build_noop_archive
+from scripts.bench.pipeline import pipeline, server_cpu
+from scripts.bench.report import machine, replace_section
+from scripts.bench.results import ModelBench
+from scripts.errors import ScriptError
+from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
+from scripts.server.config import LaneSettings, ServerConfig
+from scripts.server.process import free_port
+from scripts.server.temporary import serving_in
+
+# A one-row request of each model, as an interactive client sends it.
+SENTENCE = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill."
+LANE, BATCH1, FLOOR, FLOOR1, FLASK, LITSERVE = "lane", "batchSize 1", "no-op floor", "no-op batchSize 1", "Flask", "LitServe"
+REPORT_DIR = ROOT / "docs" / "bench"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how hard: the full run for docs/benchmarks.md, or --quick (under 3 minutes in all)."""
+
+    connections: tuple[int, ...] = (1, 16, 64)
+    seconds: float = 5.0
+    warmup: float = 1.0
+    rate_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25)
+    open_seconds: float = 5.0
+    open_systems: tuple[str, ...] = (LANE, BATCH1, FLASK, LITSERVE)
+    pipeline_seconds: float = 3.0
+
+
+QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
+             open_systems=(LANE,), pipeline_seconds=1.0)  # fmt: skip
+
+
+def request_body(model: str) -> bytes:
+    if model == "digits":
+        return orjson.dumps({"instances": [digit_rows(1).instances[0]]})
+    if model == "minilm":
+        return orjson.dumps({"instances": [SENTENCE]})
+    raise ScriptError(f"no benchmark body for model {model!r}: known digits, minilm")
+
+
+def check_answer(model: str, reply: requests.Response, system: str) -> None:
+    """Every system must give the contract's answer before its speed counts."""
+    body = reply.json() if reply.status_code == 200 else None
+    prediction = (body or {}).get("predictions", [None])[0] if isinstance(body, dict) else None
+    ok = isinstance(prediction, dict) and (
+        len(prediction.get("scores", [])) == 10 if model == "digits" else len(prediction.get("embedding", [])) == 384
+    )
+    if not ok:
+        raise ScriptError(f"{system} answered HTTP {reply.status_code} {reply.text[:200]!r}, not a {model} prediction")
+
+
+def lanes_config(model: str, lane: LaneSettings) -> dict[str, str]:
+    """load_models and models= for the four TorchServe lanes of one model's run."""
+
+    def entry(mar: str, batch_size: int) -> dict:
+        settings = {"marName": mar, "minWorkers": lane.workers, "maxWorkers": lane.workers, "batchSize": batch_size}
+        return {"1.0": {**settings, "maxBatchDelay": lane.max_batch_delay, "responseTimeout": lane.response_timeout}}
+
+    lanes = {
+        model: entry(f"{model}.mar", lane.batch_size),
+        f"{model}-b1": entry(f"{model}.mar", 1),
+        "noop": entry("noop.mar", lane.batch_size),
+        "noop-b1": entry("noop.mar", 1),
+    }
+    load = ",".join(f"{name}={versions['1.0']['marName']}" for name, versions in lanes.items())
+    return {"load_models": load, "models": json.dumps(lanes)}
+
+
+def closed_runs(target: loadgen.Target, plan: Plan) -> list[dict]:
+    runs = []
+    for connections in plan.connections:
+        result = loadgen.closed_loop(target, connections, plan.seconds, warmup_s=plan.warmup)
+        print(f"    {result.row()}", flush=True)
+        runs.append(asdict(result))
+    return runs
+
+
+def open_runs(target: loadgen.Target, rates: list[float], plan: Plan) -> list[dict]:
+    runs = []
+    for rate in rates:
+        result = loadgen.open_loop(target, rate, plan.open_seconds)
+        print(f"    {result.row()}", flush=True)
+        runs.append(asdict(result))
+    return runs
+
+
+def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = None) -> ModelBench:
+    archive = MODEL_STORE / f"{model}.mar"
+    if precision is not None:  # the same archive with handler.precision changed (e.g. bf16 autocast on CUDA)
+        archive = write_variant(archive, workdir / f"{model}-{precision}" / f"{model}.mar", {"precision": precision})
+    lane = ServerConfig.read().lane_settings(model)[model]
+    result = ModelBench(model, lane, os.cpu_count() or 1)
+    body = request_body(model)
+    print(f"{model}: in-process pipeline at batch {lane.batch_size}, one thread", flush=True)
+    measured = pipeline(archive, body, lane.batch_size, plan.pipeline_seconds)
+    result.pipeline_cpu_ms, result.pipeline_rps_one_thread = measured.cpu_ms_per_request, measured.requests_per_second
+    targets: dict[str, loadgen.Target] = {}
+    noop = build_noop_archive(workdir / "noop")
+    with serving_in(
+        workdir / f"torchserve-{model}", {f"{model}.mar": archive, "noop.mar": noop}, lanes_config(model, lane)
+    ) as server:
+        token = server.endpoints.token("inference")
+        names = {LANE: model, BATCH1: f"{model}-b1", FLOOR: "noop", FLOOR1: "noop-b1"}
+        for system, name in names.items():
+            targets[system] = loadgen.Target(server.endpoints.prediction_url(name), body, JSON, token)
+            if system in (LANE, BATCH1):
+                check_answer(
+                    model, requests.post(targets[system].url, data=body, headers=targets[system].headers(), timeout=60), system
+                )
+        for system in (LANE, BATCH1, FLOOR, FLOOR1):
+            print(f"  {system} ({names[system]})", flush=True)
+            if system == FLOOR:  # the last (highest) load also charges the server's CPU to the requests it served
+                result.closed[system] = closed_runs(targets[system], replace(plan, connections=plan.connections[:-1]))
+                last = plan.connections[-1]
+                loadgen.closed_loop(targets[system], last, plan.warmup)  # warm-up, not charged
+
+                def measured(system: str = system, last: int = last) -> int:
+                    run = loadgen.closed_loop(targets[system], last, plan.seconds)
+                    print(f"    {run.row()}", flush=True)
+                    result.closed[system].append(asdict(run))
+                    return run.requests
+
+                result.floor_cpu_ms = server_cpu(server.process.pid, measured).cpu_ms_per_request
+                print(f"    floor CPU per request at {last} connections: {result.floor_cpu_ms:.3f} ms", flush=True)
+            else:
+                result.closed[system] = closed_runs(targets[system], plan)
+        rates = [round(fraction * result.at(LANE, plan.connections[-1])["rps"]) for fraction in plan.rate_fractions]
+        for system in (LANE, BATCH1):
+            if system in plan.open_systems:
+                print(f"  {system}: open loop", flush=True)
+                result.open[system] = open_runs(targets[system], rates, plan)
+    peers = {
+        FLASK: lambda port: flask_peer(archive, port, workers=lane.workers),
+        LITSERVE: lambda port: litserve_peer(
+            archive, port, model, lane.batch_size, lane.max_batch_delay / 1000, workers=lane.workers
+        ),
+    }
+    for system, start in peers.items():
+        with start(free_port()) as url:
+            target = loadgen.Target(f"{url}/predictions/{model}", body, JSON)
+            check_answer(model, requests.post(target.url, data=body, headers=target.headers(), timeout=60), system)
+            print(f"  {system}", flush=True)
+            result.closed[system] = closed_runs(target, plan)
+            if system in plan.open_systems:
+                result.open[system] = open_runs(target, rates, plan)
+    return result
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal of issue 9, stated as a ratio measured in this run."""
+
+    name: str
+    value: float
+    bound: float
+    higher_is_better: bool = True
+    unit: str = "x"
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.bound if self.higher_is_better else self.value <= self.bound
+
+    def row(self) -> str:
+        sign = ">=" if self.higher_is_better else "<="
+        verdict = "met" if self.met else "**missed**"
+        return f"| {self.name} | {self.value:.2f}{self.unit} | {sign} {self.bound:g}{self.unit} | {verdict} |"
+
+
+def targets(bench: ModelBench, top: int) -> list[Target]:
+    lane = bench.at(LANE, top)
+    if bench.model == "digits":
+        lone = bench.at(LANE, 1)["p50_ms"] - bench.at(FLOOR1, 1)["p50_ms"]
+        return [
+            Target(f"lane / CPU limit at {top} connections", lane["rps"] / bench.cpu_limit, 0.8),
+            Target(f"lane / Flask at {top} connections", lane["rps"] / bench.at(FLASK, top)["rps"], 2.0),
+            Target(f"lane / batchSize 1 at {top} connections", lane["rps"] / bench.at(BATCH1, top)["rps"], 3.0),
+            Target(f"lane p99 at {top} connections", lane["p99_ms"], 50, higher_is_better=False, unit=" ms"),
+            Target("lane p50 minus no-op batchSize 1 p50, 1 connection", lone, 1.0, higher_is_better=False, unit=" ms"),
+        ]
+    return [
+        Target(f"lane / Flask at {top} connections", lane["rps"] / bench.at(FLASK, top)["rps"], 1.8),
+        Target(f"lane / in-process pipeline (all cores) at {top} connections", lane["rps"] / bench.ceiling, 0.8),
+    ]
+
+
+def model_section(bench: ModelBench, plan: Plan) -> str:
+    top = plan.connections[-1]
+    lane = bench.lane
+    lines = [
+        f"### {bench.model}",
+        "",
+        f"Stream lane: {lane.workers} workers of 1 torch thread, batchSize {lane.batch_size}, "
+        f"maxBatchDelay {lane.max_batch_delay} ms. "
+        f"Every system serves the same archive's core with {lane.workers} workers of 1 torch thread "
+        f"(LitServe: batch {lane.batch_size}, timeout {lane.max_batch_delay} ms). Body: one row as JSON instances.",
+        "",
+        "| system | " + " | ".join(f"{c} conn: req/s, p50 / p95 / p99 ms" for c in plan.connections) + f" | / lane at {top} |",
+        "| --- | " + " | ".join("---:" for _ in plan.connections) + " | ---: |",
+    ]
+    lane_top = bench.at(LANE, top)["rps"]
+    for system, runs in bench.closed.items():
+        cells = []
+        for connections in plan.connections:
+            r = next(run for run in runs if run["connections"] == connections)
+            errors = f", {r['errors']} errors" if r["errors"] else ""
+            cells.append(f"{r['rps']:,.0f}, {r['p50_ms']:.1f} / {r['p95_ms']:.1f} / {r['p99_ms']:.1f}{errors}")
+        ratio = bench.at(system, top)["rps"] / lane_top
+        lines.append(f"| {system} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    lines += [
+        "",
+        f"In-process pipeline at batch {lane.batch_size}: {bench.pipeline_cpu_ms:.3f} ms CPU per request "
+        f"({bench.pipeline_rps_one_thread:,.0f} req/s on one thread); "
+        f"ceiling on {bench.cores} cores {bench.ceiling:,.0f} req/s. "
+        f"No-op floor under load: {bench.floor_cpu_ms:.3f} ms CPU per request. "
+        f"CPU limit = {bench.cores} / ({bench.floor_cpu_ms:.3f} + {bench.pipeline_cpu_ms:.3f}) ms "
+        f"= {bench.cpu_limit:,.0f} req/s.",
+        "",
+        "| target | measured | goal | |",
+        "| --- | ---: | ---: | --- |",
+        *(t.row() for t in targets(bench, top)),
+    ]
+    if bench.open:
+        lines += ["", "Open loop (k6, constant arrival rate): achieved req/s and p50 / p99 ms at each offered rate.", ""]
+        rates = [run["offered_rps"] for run in next(iter(bench.open.values()))]
+        lines += ["| system | " + " | ".join(f"{rate:,.0f}/s" for rate in rates) + " |", "| --- |" + " ---: |" * len(rates)]
+        for system, runs in bench.open.items():
+            cells = [_open_cell(run) for run in runs]
+            lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    for name in plots.write(bench, REPORT_DIR):
+        lines += ["", f"![{bench.model}: {name.stem}](bench/{name.name})"]
+    return "\n".join(lines)
+
+
+def _open_cell(run: dict) -> str:
+    dropped = f", {run['dropped']} dropped" if run["dropped"] else ""
+    return f"{run['rps']:,.0f}, {run['p50_ms']:.1f} / {run['p99_ms']:.1f}{dropped}"
+
+
+def report(benches: list[ModelBench], plan: Plan) -> str:
+    tools = f"{loadgen.wrk_version()} (closed loop, 1 thread), {loadgen.k6_version()} (open loop)"
+    lines = [
+        "## Stream lanes against the alternatives (`make bench`)",
+        "",
+        f"Measured {date.today().isoformat()} on {machine()}; Python {platform.python_version()}, torch {torch.__version__}, "
+        f"TorchServe 0.12.0. Load: {tools}, {plan.seconds:g} s per point after a {plan.warmup:g} s warm-up, "
+        "the generator on the same 2 cores. All systems ran in this one invocation, one at a time.",
+        "",
+        *(model_section(bench, plan) + "\n" for bench in benches),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer points (make bench-quick)")
+    parser.add_argument("--models", nargs="+", default=["digits", "minilm"])
+    parser.add_argument("--precision", help="serve the archives with this handler.precision (bf16, fp16: autocast)")
+    parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+        benches = [bench_model(model, plan, Path(folder), args.precision) for model in args.models]
+    (BUILD / "bench").mkdir(parents=True, exist_ok=True)
+    (BUILD / "bench" / "stream.json").write_text(json.dumps([asdict(b) for b in benches], indent=1))
+    text = report(benches, plan)
+    print(text)
+    if not args.no_report:
+        replace_section("stream bench", text)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main())

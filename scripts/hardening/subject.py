@@ -1,0 +1,66 @@
+"""What the long checks (make fuzz, make soak) share: the server they run against and how they report.
+
+Either `make serve`'s server (--running: config.properties and key_file.json, or --config/--key-file) or a
+throwaway TorchServe with every model's archive on free ports, stopped afterwards (as verify and bench do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from scripts import cli
+from scripts.layout import MODEL_STORE, ROOT
+from scripts.server.endpoints import Endpoints
+
+ARCHIVES = ("digits.mar", "minilm.mar")
+DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"  # a known input both checks send: the digit 7
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The server under check: its config.properties, and its addresses and tokens (the key_file.json it wrote)."""
+
+    config: Path
+    endpoints: Endpoints
+
+
+class Report(Protocol):
+    failures: list[str]
+
+    def text(self) -> str: ...
+
+    def as_dict(self) -> dict: ...
+
+
+def add_options(parser: argparse.ArgumentParser, report: Path) -> None:
+    parser.add_argument("--running", action="store_true", help="check the server of --config/--key-file instead of starting one")
+    parser.add_argument("--report", type=Path, default=report, help="JSON report (default %(default)s)")
+    cli.add_server_options(parser)
+
+
+@contextlib.contextmanager
+def subject(args: argparse.Namespace) -> Iterator[Subject]:
+    """The running server (--running), or a throwaway one serving every lane of ARCHIVES."""
+    if args.running:
+        yield Subject(args.config, Endpoints.from_config(args.config, args.key_file))
+        return
+    from scripts.server.temporary import serving_in
+
+    with tempfile.TemporaryDirectory(prefix="torchserve-check-") as folder:
+        with serving_in(Path(folder), {name: MODEL_STORE / name for name in ARCHIVES}) as server:
+            yield Subject(server.config, server.endpoints)
+
+
+def finish(report: Report, path: Path) -> int:
+    """Write the JSON report, print the text one; exit status 1 when the check failed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+    print(report.text())
+    return 1 if report.failures else 0

@@ -1,0 +1,236 @@
+"""`make image-test`: build the serving image with podman from a locally built Debian base, run it, check it.
+
+1. base: mmdebstrap's bookworm (cached under build/container/), imported with podman (scripts/image_check/base.py);
+2. build: the Dockerfile with BASE= that base, this machine's pip settings, local wheels and CA bundle mounted
+   read-only (scripts/image_check/pip_settings.py): the CPU torch here, the CUDA one from PyPI elsewhere;
+3. run: detached, as the image's non-root user, the host's network (podman's other network modes need
+   privileges this sandbox lacks) with every listener moved to free loopback ports, a new named key volume;
+4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root;
+5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; a sentence's embedding
+   equals the in-process core's on the image's own minilm.mar within 1e-5;
+6. stop: `podman stop --time 30` (SIGTERM, SIGKILL after 30 s): exit status 0, in under 30 s, key removed.
+
+Figures go to build/container/image-test.json.
+
+    python -m scripts.image_check.image_test [--no-cache] [--remove-image]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from scripts import cli
+from scripts.archive.core import load_core
+from scripts.clients.rest import predict
+from scripts.container.config import listener_environment
+from scripts.image_check.base import BASE_IMAGE, ensure_base
+from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
+from scripts.image_check.podman import ContainerError, Podman
+from scripts.jobs.runners import InProcessRunner
+from scripts.layout import BUILD, ROOT
+from scripts.server.endpoints import Endpoints
+from scripts.server.process import free_ports
+
+IMAGE = "localhost/unified-serve:test"
+WORK = BUILD / "container"
+DIGIT = ROOT / "tests" / "fixtures" / "digit_7.png"
+SENTENCE = "The same archive answers in a container as in this process."
+EMBEDDING_TOLERANCE = 1e-5
+BUILD_TIMEOUT_S = 3600
+HEALTHY_TIMEOUT_S = 300
+# podman's and Kubernetes' default grace period: SIGTERM, then SIGKILL (exit 137) when it runs out.
+STOP_GRACE_S = 30
+KEY_IN_IMAGE = "/keys"
+STOP_LINES = ("SIGTERM: ", "TorchServe stopped", "killing ")  # scripts/container/entrypoint.py's account
+ARCHIVE_IN_IMAGE = "/srv/model_store/minilm.mar"
+
+
+class ImageTestError(ContainerError):
+    """The image built and ran, but answered, ran or stopped other than it should."""
+
+
+@dataclass
+class Figures:
+    base_s: float = 0.0
+    build_s: float = 0.0
+    image_bytes: int = 0
+    healthy_s: float = 0.0
+    digits_label: int = -1
+    digits_score: float = 0.0
+    embedding_max_difference: float = 0.0
+    stop_s: float = 0.0
+    exit_code: int = -1
+    stop_log: str = ""  # the entry point's own account of the stop
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    keys: Path  # the key volume, as this machine sees it
+    endpoints: Endpoints
+
+
+def build_image(podman: Podman, base: str, no_cache: bool) -> float:
+    settings = read_pip_settings()
+    conf = WORK / "pip.conf"
+    conf.write_text(settings.conf_text())
+    shared = sorted({*settings.local_paths(), *filter(None, [ca_bundle()])})
+    volumes = [f"--volume={conf}:/etc/pip.conf:ro", *(f"--volume={path}:{path}:ro" for path in shared)]
+    started = time.monotonic()
+    podman.stream(
+        "build",
+        "--format=docker",  # OCI images drop HEALTHCHECK
+        "--network=host",
+        f"--build-arg=BASE={base}",
+        *volumes,
+        *(["--no-cache"] if no_cache else []),
+        f"--tag={IMAGE}",
+        f"--file={ROOT / 'Dockerfile'}",
+        str(ROOT),
+        timeout=BUILD_TIMEOUT_S,
+    )
+    return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def running(podman: Podman) -> Iterator[Container]:
+    """The image started with a new key volume on free ports; container and volume removed on the way out."""
+    name = f"unified-serve-test-{os.getpid()}"
+    volume = f"{name}-keys"
+    ports = free_ports()
+    podman.run("volume", "create", volume)
+    try:
+        keys = Path(podman.inspect("volume", volume)["Mountpoint"])
+        environment = [f"--env={key}={value}" for key, value in listener_environment(ports).items()]
+        options = [f"--name={name}", "--network=host", f"--volume={volume}:{KEY_IN_IMAGE}", *environment]
+        podman.run("run", "--detach", *options, IMAGE)
+        endpoints = Endpoints(
+            inference=f"http://127.0.0.1:{ports['inference']}",
+            management=f"http://127.0.0.1:{ports['management']}",
+            metrics=f"http://127.0.0.1:{ports['metrics']}",
+            grpc_host="127.0.0.1",
+            grpc_inference_port=ports["grpc_inference"],
+            grpc_management_port=ports["grpc_management"],
+            key_file=keys / "key_file.json",
+        )
+        yield Container(name, keys, endpoints)
+    finally:
+        podman.run("rm", "--force", name, check=False)
+        podman.run("volume", "rm", "--force", volume, check=False)
+
+
+def logs_tail(podman: Podman, name: str, lines: int = 40) -> str:
+    done = podman.run("logs", "--tail", str(lines), name, check=False)
+    return (done.stdout + done.stderr).strip()
+
+
+def wait_healthy(podman: Podman, name: str, timeout: float = HEALTHY_TIMEOUT_S) -> float:
+    started = time.monotonic()
+    while podman.run("healthcheck", "run", name, check=False, timeout=60).returncode != 0:
+        state = podman.inspect("container", name)["State"]
+        if not state["Running"]:
+            raise ImageTestError(f"the container exited ({state['ExitCode']}) before it was healthy:\n{logs_tail(podman, name)}")
+        if time.monotonic() - started > timeout:
+            raise ImageTestError(f"not healthy after {timeout:.0f}s:\n{logs_tail(podman, name)}")
+        time.sleep(2)
+    return time.monotonic() - started
+
+
+def check_non_root(podman: Podman, name: str) -> None:
+    """No process in the container runs as root (tini, the entry point, Java, the workers)."""
+    rows = podman.run("top", name, "user", "args").stdout.splitlines()[1:]
+    root = [row for row in rows if row.split()[0] in ("root", "0")]
+    if root or not rows:
+        raise ImageTestError(f"processes running as root in the container: {root or 'none listed'}")
+
+
+def check_digit(endpoints: Endpoints, figures: Figures) -> None:
+    reply = predict(endpoints, "digits", DIGIT.read_bytes(), "image/png", timeout=60)
+    body = reply.json()
+    if reply.status_code != 200 or body.get("label") != 7:
+        raise ImageTestError(f"{DIGIT.name}: expected label 7, got HTTP {reply.status_code} {body}")
+    figures.digits_label, figures.digits_score = body["label"], max(body["scores"])
+
+
+def check_embedding(podman: Podman, container: Container, figures: Figures) -> None:
+    """The served embedding against the handler core in this process, on the archive the image serves."""
+    reply = predict(container.endpoints, "minilm", SENTENCE.encode(), "text/plain; charset=utf-8", timeout=60)
+    if reply.status_code != 200:
+        raise ImageTestError(f"minilm: HTTP {reply.status_code} {reply.text[:500]}")
+    served = np.array(reply.json()["embedding"])
+    archive = WORK / "minilm-from-image.mar"
+    podman.run("cp", f"{container.name}:{ARCHIVE_IN_IMAGE}", str(archive))
+    local = InProcessRunner(load_core(archive), archive).send([SENTENCE])
+    expected = np.array(local.body["predictions"][0]["embedding"])
+    figures.embedding_max_difference = float(np.abs(served - expected).max()) if served.shape == expected.shape else np.inf
+    if not figures.embedding_max_difference <= EMBEDDING_TOLERANCE:
+        raise ImageTestError(
+            f"minilm: the served embedding ({served.shape}) differs from the in-process core's ({expected.shape}) "
+            f"by {figures.embedding_max_difference:.3g} (allowed {EMBEDDING_TOLERANCE})"
+        )
+
+
+def stop(podman: Podman, container: Container, figures: Figures) -> None:
+    started = time.monotonic()
+    podman.run("stop", f"--time={STOP_GRACE_S}", container.name, timeout=STOP_GRACE_S + 30)
+    figures.stop_s = time.monotonic() - started
+    figures.exit_code = podman.inspect("container", container.name)["State"]["ExitCode"]
+    figures.stop_log = "; ".join(
+        line for line in logs_tail(podman, container.name, 20).splitlines() if line.startswith(STOP_LINES)
+    )
+    if figures.exit_code != 0:
+        raise ImageTestError(
+            f"SIGTERM: exit status {figures.exit_code} after {figures.stop_s:.1f}s, expected 0 "
+            f"(137: killed after the {STOP_GRACE_S}s grace):\n{logs_tail(podman, container.name)}"
+        )
+    if (container.keys / "key_file.json").exists():
+        raise ImageTestError("TorchServe stopped without removing key_file.json: the stop did not go through `torchserve --stop`")
+
+
+def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
+    figures = Figures()
+    podman = Podman.prepare(WORK)
+    figures.base_s = ensure_base(podman, WORK)
+    figures.build_s = build_image(podman, BASE_IMAGE, no_cache)
+    figures.image_bytes = int(podman.inspect("image", IMAGE)["Size"])
+    print(f"image {IMAGE}: {figures.image_bytes / 2**30:.2f} GiB, built in {figures.build_s:.0f}s", flush=True)
+    try:
+        with running(podman) as container:
+            figures.healthy_s = wait_healthy(podman, container.name)
+            print(f"healthy after {figures.healthy_s:.0f}s", flush=True)
+            check_non_root(podman, container.name)
+            check_digit(container.endpoints, figures)
+            check_embedding(podman, container, figures)
+            stop(podman, container, figures)
+    finally:
+        if not keep_image:
+            podman.run("rmi", "--force", IMAGE, check=False)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--no-cache", action="store_true", help="rebuild every layer (a cold build)")
+    parser.add_argument("--remove-image", action="store_true", help="remove the image afterwards (the base stays)")
+    args = parser.parse_args(argv)
+    figures = image_test(args.no_cache, keep_image=not args.remove_image)
+    (WORK / "image-test.json").write_text(json.dumps(asdict(figures), indent=2) + "\n")
+    print(
+        f"image-test passed: base {figures.base_s:.0f}s, build {figures.build_s:.0f}s, "
+        f"{figures.image_bytes / 2**30:.2f} GiB, healthy after {figures.healthy_s:.0f}s, digit_7.png -> "
+        f"{figures.digits_label} ({figures.digits_score:.4f}), embedding within {figures.embedding_max_difference:.2g}, "
+        f"SIGTERM -> exit {figures.exit_code} in {figures.stop_s:.1f}s ({figures.stop_log})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main())

@@ -1,0 +1,54 @@
+"""The benchmark's pieces that need no server: the lanes it serves, the bodies it sends, how it judges targets."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+import requests
+
+from scripts.bench.pipeline import cpu_limit
+from scripts.bench.stream import Target, check_answer, lanes_config, request_body
+from scripts.errors import ScriptError
+from scripts.server.config import LaneSettings
+
+
+def test_one_torchserve_serves_the_lane_batch_size_1_and_both_floors_with_the_same_workers():
+    config = lanes_config("digits", LaneSettings(batch_size=32, max_batch_delay=2, response_timeout=30, workers=2))
+    assert config["load_models"] == "digits=digits.mar,digits-b1=digits.mar,noop=noop.mar,noop-b1=noop.mar"
+    lanes = {name: versions["1.0"] for name, versions in json.loads(config["models"]).items()}
+    assert {name: lane["batchSize"] for name, lane in lanes.items()} == {"digits": 32, "digits-b1": 1, "noop": 32, "noop-b1": 1}
+    assert {(lane["minWorkers"], lane["maxWorkers"], lane["maxBatchDelay"]) for lane in lanes.values()} == {(2, 2, 2)}
+
+
+def test_the_bodies_are_one_row_of_each_model():
+    digits = orjson.loads(request_body("digits"))["instances"]
+    assert len(digits) == 1 and len(digits[0]) == 64 and all(0 <= value <= 16 for value in digits[0])
+    assert [type(item) for item in orjson.loads(request_body("minilm"))["instances"]] == [str]
+    with pytest.raises(ScriptError, match="no benchmark body for model 'x'"):
+        request_body("x")
+
+
+def answer(status: int, body: dict) -> requests.Response:
+    reply = requests.Response()
+    reply.status_code, reply._content = status, orjson.dumps(body)
+    return reply
+
+
+def test_a_system_whose_answer_breaks_the_contract_is_refused_before_it_is_timed():
+    check_answer("digits", answer(200, {"predictions": [{"label": 1, "scores": [0.1] * 10}]}), "Flask")
+    check_answer("minilm", answer(200, {"predictions": [{"embedding": [0.0] * 384}]}), "LitServe")
+    with pytest.raises(ScriptError, match="LitServe answered HTTP 200"):
+        check_answer("digits", answer(200, {"label": 1}), "LitServe")
+    with pytest.raises(ScriptError, match="Flask answered HTTP 500"):
+        check_answer("minilm", answer(500, {"error": "x"}), "Flask")
+
+
+def test_targets_say_met_or_missed_with_the_measured_value():
+    assert Target("lane / Flask", 2.5, 2.0).row() == "| lane / Flask | 2.50x | >= 2x | met |"
+    assert Target("p99", 61.0, 50, higher_is_better=False, unit=" ms").row() == "| p99 | 61.00 ms | <= 50 ms | **missed** |"
+
+
+def test_the_cpu_limit_is_the_cores_over_the_floor_and_pipeline_cost():
+    assert cpu_limit(2, floor_cpu_ms=0.19, pipeline_cpu_ms=0.08) == pytest.approx(2000 / 0.27)
