@@ -23,6 +23,13 @@ SOURCE_HEADER = "source"
 # hold a rebalance until every known member rejoined or its session expired.
 GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 300000}
 TIMEOUT = 30.0
+# A commit refused because this member no longer owns the partitions (a rebalance passed it by).
+LOST_MEMBERSHIP = {
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError._ASSIGNMENT_LOST,
+}
 
 
 def ensure_topics(brokers: str, input_topic: str, outputs: list[str], partitions: int = 4) -> int:
@@ -152,9 +159,15 @@ class KafkaBroker:
             self._failures.append(f"{message.topic()}[{message.partition()}]: {error.str()}")
 
     def commit(self, offsets: dict[int, int]) -> None:
-        if offsets:
-            tps = [TopicPartition(self.input_topic, partition, offset) for partition, offset in offsets.items()]
+        if not offsets:
+            return
+        tps = [TopicPartition(self.input_topic, partition, offset) for partition, offset in offsets.items()]
+        try:
             self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as error:
+            if error.args[0].code() in LOST_MEMBERSHIP:
+                return  # the partitions moved on: their next owner re-reads these records and skips the answered ids
+            raise BrokerError(f"committing {self.input_topic} offsets {offsets} at {self.brokers}: {error}") from None
 
     def close(self) -> None:
         self._producer.flush(TIMEOUT)

@@ -101,7 +101,7 @@ def stats_lines(log: Path) -> list[dict]:
 
 
 def test_consumer_sigkilled_mid_stream_and_restarted(digits_server, topics, tmp_path):
-    labels = put_digits(topics, 20_000)
+    labels = put_digits(topics, 10_000)
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
     first = consumer_process(topics, digits_server, first_log)
     try:
@@ -135,7 +135,7 @@ def restartable_server(tmp_path_factory):
 
 
 def test_queue_full_slows_the_consumer(restartable_server, topics, capsys):
-    labels = put_digits(topics, 3_000, poison=False)
+    labels = put_digits(topics, 2_000, poison=False)
     stats = consume(config(topics, restartable_server, batch_records=4, concurrency=16), threading.Event())
     told = [line for line in capsys.readouterr().err.splitlines() if line.startswith("retrying ")]
     figures = check_exactly_once(topics, labels, poison=False)
@@ -144,7 +144,7 @@ def test_queue_full_slows_the_consumer(restartable_server, topics, capsys):
 
 
 def test_torchserve_restarted_under_the_consumer(restartable_server, topics, capsys):
-    labels = put_digits(topics, 10_000)
+    labels = put_digits(topics, 5_000)
     stop = threading.Event()
     settings = {"batch_records": 32, "concurrency": 2, "idle_exit": 5.0}
     settings["retry"] = RetryPolicy(patience=float("inf"), max_delay=2.0)
