@@ -31,7 +31,7 @@ from scripts import cli
 from scripts.archive.core import load_core
 from scripts.bench.report import REPORT, machine, replace_section
 from scripts.errors import ScriptError
-from scripts.jobs.batch_job import JobConfig, JobSummary, run_job
+from scripts.jobs.batch_job import PREFETCH_CUDA, JobConfig, JobSummary, run_job
 from scripts.layout import BUILD, MODEL_STORE, ROOT
 from scripts.server.temporary import temporary_server
 
@@ -67,8 +67,13 @@ class BenchResult:
     serial_rss_growth_mb: float
     rss_growth_mb: float
 
+    @property
+    def best_in_process(self) -> float:
+        """The faster in-process run: what the bulk lane is held against."""
+        return max(self.serial.rows_per_second, self.in_process.rows_per_second)
+
     def text(self) -> str:
-        ratio = self.server.rows_per_second / self.in_process.rows_per_second
+        ratio = self.server.rows_per_second / self.best_in_process
         ceiling = self.ceiling.rows_per_second
         return "\n".join(
             [
@@ -82,7 +87,7 @@ class BenchResult:
                 f"({self.in_process.seconds:.1f}s; {self.in_process.rows_per_second / ceiling:.2f} of the ceiling; "
                 f"resident memory +{self.rss_growth_mb:.0f} MB at most)",
                 f"  ceiling (core over pre-decoded chunks, {self.ceiling.threads} torch threads): {ceiling:,.0f} rows/s",
-                f"  bulk lane / in-process: {ratio:.2f}x",
+                f"  bulk lane / the faster in-process run: {ratio:.2f}x",
             ]
         )
 
@@ -159,7 +164,7 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
 
 
 def write_report(result: BenchResult) -> None:
-    ratio = result.server.rows_per_second / result.in_process.rows_per_second
+    ratio = result.server.rows_per_second / result.best_in_process
     ceiling = result.ceiling.rows_per_second
     share, serial_share = result.in_process.rows_per_second / ceiling, result.serial.rows_per_second / ceiling
     replace_section(
@@ -177,7 +182,8 @@ def write_report(result: BenchResult) -> None:
                 f"| in-process, one thread reads, decodes, runs (`--prefetch 0`), chunks of {result.chunk_size} | "
                 f"{result.rows:,} | {result.serial.rows_per_second:,.0f} | {result.serial.seconds:.1f} | "
                 f"{result.serial.predicted:,} |",
-                f"| in-process, {result.prefetch} chunks read and decoded ahead (`--prefetch {result.prefetch}`, the default) | "
+                f"| in-process, {result.prefetch} chunks read and decoded ahead "
+                f"(`--prefetch {result.prefetch}`, the default on CUDA) | "
                 f"{result.rows:,} | {result.in_process.rows_per_second:,.0f} | {result.in_process.seconds:.1f} | "
                 f"{result.in_process.predicted:,} |",
                 f"| ceiling: the core alone over pre-decoded chunks of {result.chunk_size}, "
@@ -187,9 +193,12 @@ def write_report(result: BenchResult) -> None:
                 f"In-process / ceiling: {serial_share:.2f} with `--prefetch 0`, {share:.2f} with `--prefetch {result.prefetch}` "
                 f"(target >= {CEILING_TARGET:g}: {'met' if share >= CEILING_TARGET else '**missed**'}). Resident memory grew by "
                 f"at most {result.serial_rss_growth_mb:.0f} MB and {result.rss_growth_mb:.0f} MB over each job "
-                "(sampled every 0.2 s).",
+                "(sampled every 0.2 s). On the CPU the job's default is `--prefetch 0`: the prefetch thread's Python "
+                "competes with the forward pass for the GIL (the exported program dispatches each op from Python) and "
+                "for the cores torch already uses.",
                 "",
-                f"Bulk lane / in-process: {ratio:.2f}x (target >= {TARGET:g}x: {'met' if ratio >= TARGET else '**missed**'}). "
+                f"Bulk lane / the faster in-process run: {ratio:.2f}x "
+                f"(target >= {TARGET:g}x: {'met' if ratio >= TARGET else '**missed**'}). "
                 "The bulk lane runs one worker with every core; the in-process job runs the same core in this process.",
             ]
         ),
@@ -201,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--prefetch", type=int, default=JobConfig.prefetch, help="in-process chunks decoded ahead")
+    parser.add_argument(
+        "--prefetch", type=int, default=PREFETCH_CUDA, help="in-process chunks decoded ahead (default %(default)s)"
+    )
     parser.add_argument("--workdir", type=Path, default=BUILD / "batch")
     parser.add_argument("--no-report", action="store_true", help=f"do not write {REPORT.relative_to(ROOT)}")
     args = parser.parse_args(argv)
