@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -19,6 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from scripts.streams.broker import Assignment, BrokerError, Outcome, Record
 
 SOURCE_HEADER = "source"
+# librdkafka's own log lines (a broker gone away, reconnects) go to Python logging, not straight to stderr.
+LOG = logging.getLogger("scripts.streams.librdkafka")
 # Group membership settings that let a restarted consumer get its partitions within seconds: Tansu (and Kafka)
 # hold a rebalance until every known member rejoined or its session expired.
 GROUP_SETTINGS = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "max.poll.interval.ms": 300000}
@@ -32,10 +35,14 @@ LOST_MEMBERSHIP = {
 }
 
 
+def client_settings(brokers: str) -> dict:
+    return {"bootstrap.servers": brokers, "logger": LOG}
+
+
 def ensure_topics(brokers: str, input_topic: str, outputs: list[str], partitions: int = 4) -> int:
     """Create missing topics (outputs with the input's partition count); return that count. Refuses outputs with
     fewer partitions than the input: a record's outcome goes to the partition number it came from."""
-    admin = AdminClient({"bootstrap.servers": brokers})
+    admin = AdminClient(client_settings(brokers))
     existing = _partition_counts(admin, brokers)
     count = existing.get(input_topic, partitions)
     missing = [name for name in [input_topic, *outputs] if name not in existing]
@@ -86,14 +93,14 @@ class KafkaBroker:
         self._failures: list[str] = []
         self._consumer = Consumer(
             {
-                "bootstrap.servers": brokers,
+                **client_settings(brokers),
                 "group.id": group,
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 **GROUP_SETTINGS,
             }
         )
-        self._producer = Producer({"bootstrap.servers": brokers, "acks": "all", "linger.ms": 2})
+        self._producer = Producer({**client_settings(brokers), "acks": "all", "linger.ms": 2})
         self._consumer.subscribe([input_topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked)
 
     # --- input -----------------------------------------------------------------------------------------------
@@ -218,7 +225,7 @@ def _tails(
     ListOffsets(latest) with its last batch's base offset + 1 (fetches report the true high watermark). That
     answer is at most one batch short, so starting `depth` before it reads at least the last `depth` records.
     """
-    settings = {"bootstrap.servers": brokers, "group.id": "stream-tail-reader", "enable.auto.commit": False}
+    settings = {**client_settings(brokers), "group.id": "stream-tail-reader", "enable.auto.commit": False}
     reader = Consumer({**settings, "enable.partition.eof": True})
     try:
         starts = []
@@ -258,7 +265,7 @@ def _record(message: Message) -> Record:
 
 def read_topic(brokers: str, topic: str, timeout: float = TIMEOUT) -> list[tuple[str, bytes]]:
     """Every record of `topic` now, as (key, value), partition by partition (for checks and tests)."""
-    admin = AdminClient({"bootstrap.servers": brokers})
+    admin = AdminClient(client_settings(brokers))
     partitions = [(topic, number) for number in sorted(admin.list_topics(topic, timeout=timeout).topics[topic].partitions)]
     tails = _tails(brokers, partitions, None, timeout)
     return [(message.key().decode(), message.value()) for key in partitions for message in tails[key]]

@@ -18,13 +18,13 @@ from confluent_kafka import Producer
 from scripts import cli
 from scripts.jobs.inputs import FORMATS, Row, open_input
 from scripts.streams.broker import BrokerError
-from scripts.streams.kafka import TIMEOUT, ensure_topics
+from scripts.streams.kafka import TIMEOUT, client_settings, ensure_topics
 
 
 def produce(brokers: str, topic: str, records: Iterable[tuple[str, bytes]]) -> int:
     """Send (key, value) records; returns how many the broker acknowledged (all of them, or BrokerError)."""
     failures: list[str] = []
-    producer = Producer({"bootstrap.servers": brokers, "acks": "all", "linger.ms": 5})
+    producer = Producer({**client_settings(brokers), "acks": "all", "linger.ms": 5})
 
     def delivered(error, message) -> None:
         if error is not None:
