@@ -128,7 +128,9 @@ class _Bf16(nn.Module):
         self.inner = inner
 
     def forward(self, *inputs):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # The inputs' device at export (CPU for make archive): autocast "cpu" alone would leave a program
+        # exported on CUDA in fp32.
+        with torch.autocast(inputs[0].device.type, dtype=torch.bfloat16):
             output = self.inner(*inputs)
         return output.float()
 
