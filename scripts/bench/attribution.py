@@ -1,6 +1,6 @@
 """Where a lone request's milliseconds go, from one closed loop at one connection against a running TorchServe.
 
-    python -m scripts.bench.attribution [--seconds 6]     # digits lane and the no-op floor, this checkout's code
+    python -m scripts.bench.lone [--seconds 6]     # digits lane and the no-op floor, this checkout's code
 
 At one connection every TorchServe batch holds one request, so per-batch figures are per-request figures:
   - client and Netty: wrk's mean latency minus TorchServe's own clock of the request
@@ -164,41 +164,3 @@ def table(columns: dict[str, dict]) -> list[str]:
             cells.append(cell)
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    import json
-    import tempfile
-
-    from scripts import cli
-    from scripts.bench.peers.noop_handler import build_noop_archive
-    from scripts.bench.stream import lanes_config, request_body
-    from scripts.layout import JSON, MODEL_STORE
-    from scripts.server.config import ServerConfig
-    from scripts.server.temporary import serving_in
-
-    parser = cli.parser_for(__doc__)
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--model", default="digits")
-    args = parser.parse_args(argv)
-    lane = ServerConfig.read().lane_settings(args.model)[args.model]
-    body = request_body(args.model)
-    columns = {}
-    with tempfile.TemporaryDirectory(prefix="attribution-") as folder:
-        noop = build_noop_archive(Path(folder) / "noop")
-        archives = {f"{args.model}.mar": MODEL_STORE / f"{args.model}.mar", "noop.mar": noop}
-        with serving_in(Path(folder) / "torchserve", archives, lanes_config(args.model, lane)) as server:
-            token = server.endpoints.token("inference")
-            for name in ("noop", args.model):  # the floor first: it takes the JVM's first compilations
-                target = loadgen.Target(server.endpoints.prediction_url(name), body, JSON, token)
-                loadgen.closed_loop(target, 64, 3.0)  # warm: the JIT, the workers' first calls
-                columns[name] = lone_request(server, name, target, args.seconds).row()
-    print(json.dumps(columns, indent=1))
-    print("\n".join(table(columns)))
-    return 0
-
-
-if __name__ == "__main__":
-    from scripts import cli
-
-    cli.run(lambda: main())
