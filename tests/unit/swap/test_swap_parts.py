@@ -49,7 +49,7 @@ def test_non_json_bodies_are_not_errors():
 def test_lane_settings_come_from_config_properties():
     lanes = ServerConfig.read(CONFIG).lane_settings("digits")
     assert lanes == {
-        "digits": LaneSettings(batch_size=32, max_batch_delay=2, response_timeout=30, workers=2),
+        "digits": LaneSettings(batch_size=32, max_batch_delay=1, response_timeout=30, workers=2),
         "digits-bulk": LaneSettings(batch_size=4, max_batch_delay=50, response_timeout=300, workers=1),
     }
 
