@@ -428,9 +428,11 @@ def default_warmup(minutes: float) -> float:
 
 
 def lanes_of(config: Path, key_file: Path, models: tuple[str, ...] = ("digits", "minilm")) -> dict[str, Lane]:
-    """The stream and bulk lanes of `models` on the server of `config`."""
+    """The stream and bulk lanes of `models` on the server of `config`. TorchServe writes key_file.json and logs/
+    into the folder it was started from, so the logs are found beside the key file."""
     endpoints = Endpoints.from_config(config, key_file)
-    return {lane: Lane(config, endpoints, model) for model in models for lane in (model, f"{model}-bulk")}
+    logs = key_file.parent / "logs"
+    return {lane: Lane(config, endpoints, logs, model) for model in models for lane in (model, f"{model}-bulk")}
 
 
 def main(argv: list[str] | None = None) -> int:
