@@ -15,12 +15,18 @@ import torch
 from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
+from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+# TorchServe's worker parses application/json bodies (Python's json) and decodes text/* ones before handle() is
+# called, unless this variable says "false" (ts/protocol/otf_message_handler.py reads it for every request).
+# Off, the handler gets every body as bytes and checks its size against the lane's max_request_bytes before
+# anything becomes Python objects: 64 MiB of {"instances": [{}, ...]} would cost a worker ~2 GiB otherwise.
+DECODE_SWITCH = "TS_DECODE_INPUT_REQUEST"
 
 
 class UnifiedHandler:
@@ -33,8 +39,10 @@ class UnifiedHandler:
         self.pid = str(os.getpid())
         self.metrics: HandlerMetrics | None = None
         self.limits = NO_LIMITS
+        self.timeout: LaneTimeout | None = None
 
     def initialize(self, context) -> None:
+        os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config)
         threads = settings.threads_for(context.model_name)
@@ -45,15 +53,26 @@ class UnifiedHandler:
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
         self.limits = RequestLimits(
-            lane, settings.rows_for(lane), settings.named_lanes_rows(), getattr(self.core.task, "raw_media", ())
+            lane,
+            settings.rows_for(lane),
+            settings.named_lanes_rows(),
+            getattr(self.core.task, "raw_media", ()),
+            settings.bytes_for(lane),
+            settings.named_lanes_bytes(),
         )
+        timeout_s = settings.timeout_for(lane)
+        if timeout_s is not None:
+            self.timeout = LaneTimeout(lane, timeout_s)
         logger.info(
-            "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, precision=%s, deterministic=%s, torch threads=%d",
+            "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, max_request_bytes=%s, "
+            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d",
             context.model_name,
             settings.task,
             device,
             settings.max_batch_rows,
             self.limits.max_rows,
+            self.limits.max_bytes,
+            timeout_s,
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),
@@ -62,6 +81,16 @@ class UnifiedHandler:
         self.metrics.started()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
+        if self.timeout is None:
+            return self.answer_batch(data, context)
+        self.timeout.running(len(data))
+        try:
+            return self.answer_batch(data, context)
+        finally:
+            self.timeout.done()
+
+    def answer_batch(self, data: list[dict], context) -> list[bytes]:
+        """One TorchServe batch: a response body per request, in order."""
         started = time.perf_counter()
         stages = StageTimes()
         payloads = [self._read(request, context, index) for index, request in enumerate(data)]

@@ -56,12 +56,12 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         (
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
-            "task, model_file, max_batch_rows, precision, deterministic, torch_threads, max_request_rows, max_image_pixels, "
-            "max_request_pixels$",
+            "task, model_file, max_batch_rows, precision, deterministic, torch_threads, max_request_rows, max_request_bytes, "
+            "response_timeout_s, max_image_pixels, max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
-            "unknown key\\(s\\) tokenizer for task text_embedding; allowed keys: .*max_seq_length, max_text_bytes$",
+            "unknown key\\(s\\) tokenizer for task text_embedding; allowed keys: .*max_seq_length, max_text_bytes, pad_to_multiple$",
         ),
         ({"task": "text_embedding", "model_file": "m.pt2", "tokenizer_file": 3}, "handler.tokenizer_file must be str, got 3"),
         (
