@@ -4,7 +4,10 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat requirements-serving.txt requirements.txt | sha1sum | cut -c1-12)
+SERVING_STAMP := $(VENV)/.installed-serving-$(shell sha1sum requirements-serving.txt | cut -c1-12)
+# pip itself, pinned like everything else (the venv's own pip is whatever python3.11 -m venv brings).
+PIP := pip==26.3
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
 MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
@@ -22,15 +25,23 @@ BATCH_INPUT ?= $(BATCH_EXAMPLE)
 BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 
-.PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
+.PHONY: venv venv-serving grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
 	swap rollback batch-job verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
 
-# --- environment: one pinned requirements file -----------------------------------------------------
+# --- environment: two layers, one command each -------------------------------------------------------
+# venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
+# venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): requirements.txt
+$(STAMP): requirements-serving.txt requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(PIP)
 	$(PY) -m pip install --quiet -r requirements.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+venv-serving: $(SERVING_STAMP)
+$(SERVING_STAMP): requirements-serving.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(PIP)
+	$(PY) -m pip install --quiet -r requirements-serving.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.

@@ -13,6 +13,7 @@ import orjson
 import torch
 
 from handlers.core import InferenceCore, Response, StageTimes, select_device
+from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
 from handlers.lane_timeout import LaneTimeout
@@ -45,9 +46,9 @@ class UnifiedHandler:
         os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config)
-        threads = settings.threads_for(context.model_name)
-        if threads is not None:
-            torch.set_num_threads(threads)
+        # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
+        threads = settings.threads_for(context.model_name) or usable_cpus()
+        torch.set_num_threads(threads)
         configure_logging(context.model_yaml_config)
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
