@@ -52,8 +52,9 @@ VOLUME ["/keys"]
 USER 10001:10001
 # inference, management, metrics, gRPC inference, gRPC management (config.properties; TS_* variables move them)
 EXPOSE 8080 8081 8082 7070 7071
+# /ping and every lane with a READY worker; renews a key that has expired (docs/container.md, "Health").
 HEALTHCHECK --interval=15s --timeout=10s --start-period=180s --retries=3 \
-    CMD ["/srv/.venv/bin/python", "-m", "scripts.container.healthcheck"]
+    CMD ["/srv/.venv/bin/python", "-m", "scripts.container.healthcheck", "--ready"]
 ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["/srv/.venv/bin/python", "-m", "scripts.container.entrypoint", \
      "--ts-config", "/srv/config.container.properties", "--key-dir", "/keys"]

@@ -80,8 +80,13 @@ model_store/digits-%.mar model_store/digits-%.mar.sha256: $(STAMP) $(HANDLER_SOU
 model_store/minilm.mar model_store/minilm.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
 	$(PY) -m scripts.archive.build --model minilm --version 1.0
 
+# --- system packages: declared once in system-packages.sh (serve | test | ci); as root on Debian it installs
+# what is missing, otherwise it stops at once with the one command to run.
+system-packages-%:
+	./system-packages.sh $*
+
 # --- serving: TorchServe from the repository root with config.properties -----------------------------
-serve: archive
+serve: system-packages-serve archive
 	$(PY) -m scripts.server.serve start
 stop: $(STAMP)
 	$(PY) -m scripts.server.serve stop
@@ -94,7 +99,7 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
+test: system-packages-test lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest
 # test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU.
 test-slow: archive
