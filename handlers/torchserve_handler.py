@@ -16,6 +16,7 @@ from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
+from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
@@ -35,8 +36,8 @@ class UnifiedHandler:
 
     def __init__(self) -> None:
         self.core: InferenceCore | None = None
-        # Names the worker in every answer: the hot-swap's drain waits until each worker of the old
-        # version has answered a probe (scripts/swap/hot_swap.py).
+        # Names the worker to a request that asks (handlers/headers.py): the hot-swap's drain waits until each
+        # worker of the old version has answered a probe (scripts/swap/hot_swap.py).
         self.pid = str(os.getpid())
         self.metrics: HandlerMetrics | None = None
         self.limits = NO_LIMITS
@@ -99,8 +100,9 @@ class UnifiedHandler:
         responses = self.core.answer(payloads, stages)
         for index, response in enumerate(responses):
             context.set_response_content_type(index, JSON)
-            context.set_response_header(index, "X-Batch-Requests", str(len(data)))
-            context.set_response_header(index, "X-Worker-Pid", self.pid)
+            context.set_response_header(index, BATCH_REQUESTS, str(len(data)))
+            if asks_worker_pid(_headers(context, index)):
+                context.set_response_header(index, WORKER_PID, self.pid)
             if response.status != 200:
                 context.set_response_status(response.status, _reason_phrase(response.body["message"]), index)
         encoding = time.perf_counter()

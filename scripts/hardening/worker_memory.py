@@ -21,6 +21,7 @@ from pathlib import Path
 import orjson
 from PIL import Image, ImageDraw
 
+from handlers.headers import REPORT_WORKER_PID, WORKER_PID
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
@@ -143,9 +144,9 @@ def measure(endpoints: Endpoints, probe: Probe, limit: int) -> Reading:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         before[pid] = status_bytes(pid, "VmRSS")
     started = time.perf_counter()
-    reply = predict(endpoints, probe.lane, body, probe.media, timeout=900)
+    reply = predict(endpoints, probe.lane, body, probe.media, timeout=900, headers={REPORT_WORKER_PID: "1"})
     seconds = time.perf_counter() - started
-    pid = int(reply.headers.get("X-Worker-Pid", pids[0]))
+    pid = int(reply.headers[WORKER_PID])
     return Reading(
         probe, len(body), reply.status_code, seconds, before[pid], status_bytes(pid, "VmHWM"), status_bytes(pid, "VmRSS")
     )

@@ -110,6 +110,16 @@ def test_the_gateway_admits_the_client_token_and_forwards_with_the_servers_key(g
     assert admitted.status_code == 200, admitted.text
     predictions = admitted.json()["predictions"]
     assert len(predictions) == 2 and all(abs(sum(p["scores"]) - 1) < 1e-5 for p in predictions)
+    # A worker's process id is told only to callers inside the pod that ask; the gateway drops the ask.
+    asked = {"Authorization": f"Bearer {CLIENT_TOKEN}", "X-Report-Worker-Pid": "1"}
+    outside = requests.post(f"{gateway}/predictions/digits", json=instances, headers=asked)
+    assert outside.status_code == 200 and "X-Worker-Pid" not in outside.headers
+    inside = requests.post(
+        digits_server.endpoints.prediction_url("digits"),
+        json=instances,
+        headers={**digits_server.endpoints.auth("inference"), "X-Report-Worker-Pid": "1"},
+    )
+    assert int(inside.headers["X-Worker-Pid"]) > 1
     ping = requests.get(f"{gateway}/ping", headers={"Authorization": f"Bearer {CLIENT_TOKEN}"})
     assert (ping.status_code, ping.json()["status"]) == (200, "Healthy")
     # TorchServe's own key is no client token: it never works from outside the pod.

@@ -77,6 +77,17 @@ def test_the_worker_hands_every_body_over_as_bytes_once_the_handler_is_initializ
         assert isinstance(value["value"], bytearray) and bytes(value["value"]) == body
 
 
+def test_the_worker_pid_is_answered_only_to_a_request_that_asks(handler, digits_model_dir):
+    context = make_context(digits_model_dir, 2, media=["application/json"] * 2)
+    context.request_processor[1] = RequestProcessor({"body": {"content-type": "application/json"}, "x-report-worker-pid": "1"})
+    body = b'{"instances": [' + b",".join([b"0"] * 64).join([b"[", b"]"]) + b"]}"
+    handler.handle([{"body": bytearray(body)}, {"body": bytearray(body)}], context)
+    assert [context.get_response_status(i)[0] for i in range(2)] == [200, 200]
+    assert "X-Worker-Pid" not in context.get_response_headers(0)
+    assert context.get_response_headers(1)["X-Worker-Pid"] == str(os.getpid())
+    assert context.get_response_headers(0)["X-Batch-Requests"] == "2"
+
+
 def test_one_response_per_request_in_order_with_per_request_status(handler, digits_model_dir):
     grids, labels = held_out(3)
     data = [
