@@ -4,8 +4,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat requirements-serving.txt requirements.txt | sha1sum | cut -c1-12)
-SERVING_STAMP := $(VENV)/.installed-serving-$(shell sha1sum requirements-serving.txt | cut -c1-12)
+SERVING_FILES := requirements-serving.txt requirements-serving-nodeps.txt
+STAMP := $(VENV)/.installed-$(shell cat $(SERVING_FILES) requirements.txt | sha1sum | cut -c1-12)
+SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(SERVING_FILES) | sha1sum | cut -c1-12)
 # pip itself, pinned like everything else (the venv's own pip is whatever python3.11 -m venv brings).
 PIP := pip==26.3
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
@@ -32,16 +33,18 @@ BATCH_ARGS ?= --overwrite
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
 # venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): requirements-serving.txt requirements.txt
+$(STAMP): $(SERVING_FILES) requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(PIP)
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 venv-serving: $(SERVING_STAMP)
-$(SERVING_STAMP): requirements-serving.txt
+$(SERVING_STAMP): $(SERVING_FILES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(PIP)
 	$(PY) -m pip install --quiet -r requirements-serving.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
