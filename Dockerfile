@@ -26,12 +26,12 @@ RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin tor
 WORKDIR /srv
 ENV PIP_NO_CACHE_DIR=1
 # The serving layer, installed by the Makefile's own recipe (a layer of its own: kept while it is unchanged).
-# torch's C++ tests, headers and test binaries (test/, include/, bin/: ~195 MB) serve nothing: AOTInductor
-# archives are compiled where they are built. pip and setuptools are not run in the container.
+# torch's C++ tests, headers and test binaries (test/, include/, bin/ but torch_shm_manager, which `import torch`
+# checks for: ~195 MB) serve nothing: AOTInductor archives are compiled where they are built.
 COPY requirements-serving.txt requirements-serving-nodeps.txt Makefile ./
 RUN make venv-serving PYTHON=python3.11 \
     && rm -rf .venv/lib/python3.11/site-packages/torch/test .venv/lib/python3.11/site-packages/torch/include \
-        .venv/lib/python3.11/site-packages/torch/bin
+    && find .venv/lib/python3.11/site-packages/torch/bin -type f ! -name torch_shm_manager -delete
 
 # Only what serving needs (tests/unit/test_layers.py checks it): the handler, the archive reader, the server's
 # config and process, the container's commands, TorchServe's config files. No model build code, no tools

@@ -244,8 +244,6 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
     figures.build_s = build_image(podman, BASE_IMAGE, no_cache)
     figures.image_bytes = int(podman.inspect("image", IMAGE)["Size"])
     print(f"image {IMAGE}: {figures.image_bytes / 2**30:.2f} GiB, built in {figures.build_s:.0f}s", flush=True)
-    if figures.image_bytes > MAX_IMAGE_BYTES:
-        raise ImageTestError(f"the image is {figures.image_bytes:,} bytes, over its budget of {MAX_IMAGE_BYTES:,}")
     try:
         with running(podman) as container:
             figures.healthy_s = wait_healthy(podman, container.name)
@@ -259,6 +257,9 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
     finally:
         if not keep_image:
             podman.run("rmi", "--force", IMAGE, check=False)
+    # Checked last, so a run over budget still says whether the image serves.
+    if figures.image_bytes > MAX_IMAGE_BYTES:
+        raise ImageTestError(f"the image is {figures.image_bytes:,} bytes, over its budget of {MAX_IMAGE_BYTES:,}")
     return figures
 
 
