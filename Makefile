@@ -1,5 +1,5 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
-#                           | batch-job | verify | bench | fuzz | soak | gpu-check | image-test | clean
+#                           | batch-job | broker | stream | verify | bench | fuzz | soak | gpu-check | image-test | clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -25,9 +25,17 @@ BATCH_MODEL ?= digits
 BATCH_INPUT ?= $(BATCH_EXAMPLE)
 BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
 BATCH_ARGS ?= --overwrite
+BROKERS ?= 127.0.0.1:19092
+TOPIC ?= $(MODEL).requests
+STREAM_ARGS ?=
 
+<<<<<<< HEAD
 .PHONY: venv venv-serving grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
 	swap rollback batch-job verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
+=======
+.PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
+	swap rollback batch-job broker stream verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
+>>>>>>> main
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
@@ -151,13 +159,20 @@ $(BATCH_EXAMPLE): | $(STAMP)
 batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
 	$(PY) -m scripts.jobs.batch_job --model $(BATCH_MODEL) --input $(BATCH_INPUT) --output $(BATCH_OUTPUT) $(BATCH_ARGS)
 
+# --- streams (docs/streams.md): a local Kafka-compatible broker, and the consumer feeding the stream lane ------
+# make broker (keeps running; Ctrl-C stops it) ; make stream [MODEL=digits TOPIC=digits.requests STREAM_ARGS=--in-process]
+broker: $(STAMP)
+	$(PY) -m scripts.streams.tansu --port $(lastword $(subst :, ,$(BROKERS)))
+stream: model_store/$(MODEL).mar
+	$(PY) -m scripts.streams.consume --model $(MODEL) --brokers $(BROKERS) --input-topic $(TOPIC) $(STREAM_ARGS)
+
 # --- verify and bench: each starts its own TorchServe on free ports (not `make serve`'s) ---------------
 # verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
 verify: model_store/digits.mar
 	$(PY) -m scripts.verify.agreement
 # bench: the stream lanes against a no-op floor, batchSize 1, Flask and LitServe under wrk and k6, then
-# batch jobs through the bulk lane and in-process; writes docs/benchmarks.md and docs/bench/*.png
-# (11 minutes here). bench-quick: the same with short runs and fewer points (under 3 minutes), no report.
+# 1M-row batch jobs through the bulk lane and in-process against the pipeline ceiling; writes docs/benchmarks.md
+# and docs/bench/*.png (17 minutes here). bench-quick: the same with short runs and fewer points (under 3 minutes), no report.
 bench: archive
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream

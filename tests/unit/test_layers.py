@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scripts.server",),
     ("scripts.clients",),
     ("scripts.jobs", "scripts.swap", "scripts.deploy", "scripts.container"),
-    ("scripts.verify", "scripts.bench", "scripts.image_check", "scripts.gpu"),
+    ("scripts.verify", "scripts.bench", "scripts.image_check", "scripts.gpu", "scripts.streams"),
     ("scripts.hardening",),
 )
 # The serving image (Dockerfile) runs the container's commands only: its archives are built and tested outside it.

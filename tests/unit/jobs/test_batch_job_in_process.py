@@ -17,6 +17,7 @@ from models.digits.samples import digit_rows, write_jsonl
 from scripts.archive.reader import MarFile
 from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, main, run_job
 from scripts.jobs.outputs import read_results
+from scripts.jobs.runners import JobError
 from scripts.layout import ROOT
 from tests.batch_jobs import assert_same, job_args, with_bad_lines
 
@@ -140,3 +141,21 @@ def wait_for_rows(progress, process, at_least: int, timeout: float = 120.0) -> i
                 return done
         time.sleep(0.01)
     raise AssertionError(f"the job did not get to {at_least} rows in {timeout}s")
+
+
+def test_prefetch_writes_the_same_files_as_one_thread(tmp_path, digits_archive):
+    bad = {30: orjson.dumps({"id": "short", "instance": [1, 2, 3]}), 90: b"{broken"}
+    source = with_bad_lines(tmp_path / "in.jsonl", ROWS, bad)
+    files = {}
+    for prefetch in (0, 3):
+        output = tmp_path / f"out-{prefetch}.jsonl"
+        summary = run_job(job(tmp_path, digits_archive, source, output.name, chunk_size=25, prefetch=prefetch))
+        assert (summary.predicted, summary.failed) == (118, 2)  # two of the 120 lines replaced
+        files[prefetch] = (output.read_bytes(), (tmp_path / f"out-{prefetch}.errors.jsonl").read_bytes())
+    assert files[3] == files[0]
+    assert files[0][1].count(b"\n") == 2
+
+
+def test_a_negative_prefetch_is_refused(tmp_path, digits_archive):
+    with pytest.raises(JobError, match="--prefetch must be at least 0, got -1"):
+        run_job(job(tmp_path, digits_archive, tmp_path / "in.jsonl", prefetch=-1))

@@ -1,0 +1,133 @@
+"""The in-process job as a pipeline: chunks are read and decoded ahead while the core runs the forward pass.
+
+Without it one thread reads a chunk, decodes it, runs it and writes it, so the core idles while the next chunk
+is read and decoded (the forward pass is where torch releases the GIL and uses every core). Here:
+
+- a prefetch thread reads rows, cuts chunks and decodes them with the core's own decoder, keeping at most
+  `depth` decoded chunks ready (a bounded queue: memory stays flat, whatever the input's size);
+- one worker runs `core.predict` over each decoded chunk (collate, forward, unbatch; on CUDA the core pins each
+  micro-batch and copies it without blocking, so the copy overlaps the device's work);
+- the job's main thread writes and commits results in input order.
+
+Decoding gives the same outcome per row as sending the chunk to the server: a row the decoder rejects fails
+alone and the rest of the chunk is decoded again without it, as the server path resends it (request-wide limits,
+like the digits pixel budget, then count the same rows).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from handlers.core import InferenceCore
+from handlers.decoding import Payload
+from handlers.errors import RequestError
+from scripts.jobs.chunks import ROW_ERROR
+from scripts.jobs.inputs import Row
+from scripts.jobs.outputs import RowResult
+
+Prepared = TypeVar("Prepared")
+_END = object()
+
+
+@dataclass(frozen=True)
+class DecodedChunk:
+    """A chunk ready for the forward pass: its rows, those that failed already, and the decoded rest."""
+
+    rows: list[Row]
+    failed: dict[int, RowResult]
+    decoded_rows: list[Row]
+    decoded: list[Any]
+
+
+def decode_chunk(core: InferenceCore, rows: list[Row]) -> DecodedChunk:
+    failed = {row.index: RowResult(row, error=_unreadable(row)) for row in rows if row.problem is not None}
+    part = [row for row in rows if row.problem is None]
+    while part:
+        try:
+            decoded = core.decode(Payload(items=[row.instance for row in part], raw=False))
+        except RequestError as error:
+            position, message = _located(error, len(part))
+            failed[part[position].index] = RowResult(part[position], error={**error.to_dict(), "message": message})
+            part = part[:position] + part[position + 1 :]
+            continue
+        return DecodedChunk(rows, failed, part, decoded)
+    return DecodedChunk(rows, failed, [], [])
+
+
+def predict_chunk(core: InferenceCore, chunk: DecodedChunk) -> list[RowResult]:
+    """Results for every row of the chunk, in the chunk's order."""
+    results = dict(chunk.failed)
+    outputs = core.predict(chunk.decoded) if chunk.decoded else []
+    for row, output in zip(chunk.decoded_rows, outputs, strict=True):
+        if isinstance(output, RequestError):  # a row that does not fit in device memory even alone
+            results[row.index] = RowResult(row, error=output.to_dict())
+        else:
+            results[row.index] = RowResult(row, prediction=output)
+    return [results[row.index] for row in chunk.rows]
+
+
+def prefetched(items: Iterator[Any], prepare: Callable[[Any], Prepared], depth: int) -> Iterator[Prepared]:
+    """`prepare(item)` for each item, in order, computed by a thread that keeps at most `depth` results ready.
+
+    An exception in the thread (an unreadable input) is raised here, where the item would have come. Closing the
+    generator early (the job stopped) stops the thread after the item it is on.
+    """
+    if depth < 1:
+        raise ValueError(f"prefetch depth must be at least 1, got {depth}")
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def fill() -> None:
+        try:
+            for item in items:
+                prepared = prepare(item)
+                while not stop.is_set():
+                    try:
+                        ready.put(prepared, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            _put_final(ready, stop, _END)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
+            _put_final(ready, stop, error)
+
+    thread = threading.Thread(target=fill, name="prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            prepared = ready.get()
+            if prepared is _END:
+                return
+            if isinstance(prepared, BaseException):
+                raise prepared
+            yield prepared
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _put_final(ready: queue.Queue, stop: threading.Event, item: Any) -> None:
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
+def _located(error: RequestError, size: int) -> tuple[int, str]:
+    match = ROW_ERROR.match(error.message)
+    if match is None or int(match.group(1)) >= size:
+        # The core's decoder names the row of every item error; anything else is a bug to see, not to hide.
+        raise RuntimeError(f"the decoder rejected a chunk without naming a row: {error.message}")
+    return int(match.group(1)), match.group(2)
+
+
+def _unreadable(row: Row) -> dict:
+    return {"code": 400, "type": "UnreadableRow", "message": row.problem}
