@@ -29,13 +29,8 @@ BROKERS ?= 127.0.0.1:19092
 TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
-<<<<<<< HEAD
 .PHONY: venv venv-serving grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
-=======
-.PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
 	swap rollback batch-job broker stream verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
->>>>>>> main
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
