@@ -37,7 +37,7 @@ RUN make venv-serving PYTHON=python3.11 \
 # config and process, the container's commands, TorchServe's config files. No model build code, no tools
 # (clients, jobs, swap, deploy, verify, bench, hardening, image_check, gpu).
 COPY config.properties ./
-COPY monitoring/metrics.yaml monitoring/
+COPY monitoring/metrics.yaml monitoring/log4j2.xml monitoring/
 COPY handlers/ handlers/
 COPY scripts/__init__.py scripts/errors.py scripts/layout.py scripts/cli.py scripts/
 COPY scripts/archive/ scripts/archive/

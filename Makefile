@@ -167,7 +167,8 @@ verify: model_store/digits.mar
 	$(PY) -m scripts.verify.agreement
 # bench: the stream lanes against a no-op floor, batchSize 1, Flask and LitServe under wrk and k6, then
 # 1M-row batch jobs through the bulk lane and in-process against the pipeline ceiling; writes docs/benchmarks.md
-# and docs/bench/*.png (17 minutes here). bench-quick: the same with short runs and fewer points (under 3 minutes), no report.
+# and docs/bench/*.png (the stream half about 13 minutes here, then the batch jobs). bench-quick: the same with
+# short runs and fewer points (about 5 minutes), no report.
 bench: archive
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream

@@ -7,13 +7,19 @@ tests/unit/handlers/test_metrics.py keeps the two lists equal. Each is labelled 
 name) and `lane` (context.model_name: digits, digits-bulk, ...). Prometheus sees the names unchanged:
 histograms as <name>_bucket/_sum/_count, counters as <name>_total.
 
-Cost: one CachingMetric.add_or_update per series and batch (a formatted stdout line the frontend parses), never
-per row; the handles are looked up once at start-up.
+Cost: one CachingMetric.add_or_update per series and batch (a formatted line the frontend parses), never per row;
+the handles are looked up once at start-up. A batch's lines leave the worker in one write to stdout: each write
+wakes the frontend's reader thread, which on a lone request cost more than the lines themselves (py-spy:
+docs/benchmarks.md). TorchServe's own per-batch line (PredictionTime, not in metrics.yaml, so never exported)
+is dropped in the worker for the same reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,6 +84,41 @@ METRICS = (
 )
 
 
+class _MetricGate(logging.Filter):
+    """On TorchServe's metric logger: lets lines through only while the handler emits (PredictionTime is not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.open
+
+
+METRIC_LOGGER = "ts.metrics.caching_metric"  # CachingMetric.emit_metrics logs each line through it
+_GATE = _MetricGate()
+
+
+@contextlib.contextmanager
+def one_write():
+    """The metric lines emitted inside leave in one write: the worker's stdout log handlers (TorchServe's worker
+    logs to its stdout, which the frontend reads line by line) write into a buffer meanwhile."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout]
+    buffer = io.StringIO()
+    for handler in handlers:
+        handler.stream = buffer
+    _GATE.open = True
+    try:
+        yield
+    finally:
+        _GATE.open = False
+        for handler in handlers:
+            handler.stream = sys.stdout
+        if text := buffer.getvalue():
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+
 class HandlerMetrics:
     """The metric handles of one lane's worker, looked up once; `batch()` emits one batch's figures."""
 
@@ -95,32 +136,17 @@ class HandlerMetrics:
 
     def started(self) -> None:
         """A worker of this lane finished initialize()."""
-        self._emit(WORKER_STARTS, 1)
-        if self.device.type == "cuda":
-            self._emit(GPU_TOTAL, torch.cuda.get_device_properties(self.device).total_memory / 2**20)
+        with one_write():
+            self._emit(WORKER_STARTS, 1)
+            if self.device.type == "cuda":
+                self._emit(GPU_TOTAL, torch.cuda.get_device_properties(self.device).total_memory / 2**20)
 
     def batch(self, responses: Sequence[Response], stages: StageTimes, seconds: float) -> None:
         """One TorchServe batch: its sizes, stage times, forward passes, errors, and (CUDA) device memory."""
         rows = sum(response.rows for response in responses)
         if self.handles:
-            emit = self._emit
-            emit(BATCH_REQUESTS, len(responses))
-            emit(BATCH_ROWS, rows)
-            emit(LATENCY, seconds)
-            emit(DECODE, stages.decode)
-            emit(COLLATE, stages.collate)
-            emit(FORWARD, stages.forward)
-            emit(ENCODE, stages.encode)
-            for count in stages.forward_rows:
-                emit(FORWARD_ROWS, count)
-            if stages.oom_splits:
-                emit(OOM_SPLITS, stages.oom_splits)
-            errors = [response.status for response in responses if response.status != 200]
-            for code, count in Counter(errors).items():
-                self.handles[ERRORS.name].add_or_update(count, [*self.labels, str(code)])
-            if self.device.type == "cuda":
-                emit(GPU_ALLOCATED, torch.cuda.memory_allocated(self.device) / 2**20)
-                emit(GPU_RESERVED, torch.cuda.memory_reserved(self.device) / 2**20)
+            with one_write():
+                self._emit_batch(responses, rows, stages, seconds)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "batch lane=%s requests=%d rows=%d errors=%d forwards=%s oom_splits=%d "
@@ -138,23 +164,60 @@ class HandlerMetrics:
                 seconds * 1000,
             )
 
+    def _emit_batch(self, responses: Sequence[Response], rows: int, stages: StageTimes, seconds: float) -> None:
+        emit = self._emit
+        emit(BATCH_REQUESTS, len(responses))
+        emit(BATCH_ROWS, rows)
+        emit(LATENCY, seconds)
+        emit(DECODE, stages.decode)
+        emit(COLLATE, stages.collate)
+        emit(FORWARD, stages.forward)
+        emit(ENCODE, stages.encode)
+        for count in stages.forward_rows:
+            emit(FORWARD_ROWS, count)
+        if stages.oom_splits:
+            emit(OOM_SPLITS, stages.oom_splits)
+        errors = [response.status for response in responses if response.status != 200]
+        for code, count in Counter(errors).items():
+            self.handles[ERRORS.name].add_or_update(count, [*self.labels, str(code)])
+        if self.device.type == "cuda":
+            emit(GPU_ALLOCATED, torch.cuda.memory_allocated(self.device) / 2**20)
+            emit(GPU_RESERVED, torch.cuda.memory_reserved(self.device) / 2**20)
+
     def _emit(self, spec: MetricSpec, value: float) -> None:
         handle = self.handles.get(spec.name)
         if handle is not None:
             handle.add_or_update(value, self.labels)
 
 
-def configure_logging(model_yaml_config: Any) -> None:
-    """`logging: {level: debug}` in the archive's model-config.yaml turns on the per-batch debug line.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-    TorchServe's worker logs at INFO to its stdout, which the frontend writes to logs/model_log.log."""
-    section = (model_yaml_config or {}).get("logging")
-    if not section:
-        return  # the worker's own level: INFO
-    level = str(section.get("level", "info")).upper()
-    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise SettingsError(f"model-config.yaml logging.level must be debug, info, warning or error, got {level.lower()!r}")
+
+def configure_logging(model_yaml_config: Any) -> str:
+    """The worker's log levels from the archive's model-config.yaml `logging:` section; returns the handler's level.
+
+    `level` (default info) is the handler's: debug adds one line per batch. `torchserve` (default warning) is
+    TorchServe's own Python side in the worker, which at info writes a line per batch ("Backend received
+    inference at: ...") for the frontend to copy into logs/model_log.log. Either way the worker's stdout goes
+    to that file through the frontend (monitoring/log4j2.xml)."""
+    section = (model_yaml_config or {}).get("logging") or {}
+    level = _level(section, "level", "info")
+    logging.getLogger().setLevel(_level(section, "torchserve", "warning"))
+    # Metric lines are info lines of TorchServe's metric logger, whatever the worker's level; the gate lets through
+    # only the handler's (one_write).
+    metric_logger = logging.getLogger(METRIC_LOGGER)
+    metric_logger.setLevel(logging.INFO)
+    if _GATE not in metric_logger.filters:
+        metric_logger.addFilter(_GATE)
     logging.getLogger("handlers").setLevel(level)
+    return level
+
+
+def _level(section: Any, key: str, default: str) -> str:
+    level = str(section.get(key, default)).upper()
+    if level not in LEVELS:
+        raise SettingsError(f"model-config.yaml logging.{key} must be debug, info, warning or error, got {level.lower()!r}")
+    return level
 
 
 def _handle(cache: Any, spec: MetricSpec):

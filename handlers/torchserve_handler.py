@@ -50,7 +50,7 @@ class UnifiedHandler:
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)
-        configure_logging(context.model_yaml_config)
+        logger.setLevel(configure_logging(context.model_yaml_config))  # this module is packed outside `handlers`
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
@@ -105,6 +105,14 @@ class UnifiedHandler:
                 context.set_response_header(index, WORKER_PID, self.pid)
             if response.status != 200:
                 context.set_response_status(response.status, _reason_phrase(response.body["message"]), index)
+                # One line per failed request, whatever the log settings (the access log keeps failed ones too).
+                logger.warning(
+                    "lane %s request %s answered %d: %s",
+                    context.model_name,
+                    context.get_request_id(index),
+                    response.status,
+                    _reason_phrase(response.body["message"])[:300],
+                )
         encoding = time.perf_counter()
         bodies = [orjson.dumps(response.body) for response in responses]
         self._emit_metrics(responses, stages, started, encoding)

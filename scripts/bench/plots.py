@@ -1,4 +1,4 @@
-"""PNG plots for docs/benchmarks.md: latency against offered load, and throughput per system."""
+"""PNG plots for docs/benchmarks.md: throughput and latency against connections, latency against offered load."""
 
 from __future__ import annotations
 
@@ -15,27 +15,52 @@ from scripts.bench.results import ModelBench  # noqa: E402 - after choosing the 
 def write(bench: ModelBench, folder: Path) -> list[Path]:
     """The plots of one model's run, written to `folder`; returns their paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    written = [_throughput(bench, folder / f"{bench.model}-throughput.png")]
+    written = [
+        _throughput(bench, folder / f"{bench.model}-throughput.png"),
+        _by_connections(bench, folder / f"{bench.model}-connections.png"),
+    ]
     if bench.open:
         written.append(_latency(bench, folder / f"{bench.model}-latency.png"))
     return written
 
 
 def _throughput(bench: ModelBench, path: Path) -> Path:
-    connections = sorted({run["connections"] for runs in bench.closed.values() for run in runs})
-    systems = list(bench.closed)
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    width = 0.8 / len(connections)
-    for offset, count in enumerate(connections):
-        heights = [bench.at(system, count)["rps"] for system in systems]
-        positions = [index + (offset - (len(connections) - 1) / 2) * width for index in range(len(systems))]
-        axis.bar(positions, heights, width, label=f"{count} connections")
+    for system, runs in bench.closed.items():
+        axis.plot([run["connections"] for run in runs], [run["rps"] for run in runs], marker="o", label=system)
     axis.axhline(bench.cpu_limit, color="black", linestyle="--", linewidth=1, label=f"CPU limit {bench.cpu_limit:,.0f}/s")
     axis.axhline(bench.ceiling, color="grey", linestyle=":", linewidth=1, label=f"in-process ceiling {bench.ceiling:,.0f}/s")
-    axis.set_xticks(range(len(systems)), systems, rotation=15)
-    axis.set_ylabel("requests/s (closed loop, wrk)")
-    axis.set_title(f"{bench.model}: throughput per system")
-    axis.legend(fontsize=8)
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("connections (closed loop, wrk)")
+    axis.set_ylabel("requests/s (log)")
+    axis.set_title(f"{bench.model}: throughput against connections")
+    axis.legend(fontsize=8, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _by_connections(bench: ModelBench, path: Path) -> Path:
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for system, runs in bench.closed.items():
+        connections = [run["connections"] for run in runs]
+        (line,) = axis.plot(connections, [run["p99_ms"] for run in runs], marker="o", label=f"{system} p99")
+        axis.plot(
+            connections,
+            [run["p50_ms"] for run in runs],
+            marker=".",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{system} p50",
+        )
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("connections (closed loop, wrk)")
+    axis.set_ylabel("latency ms (log)")
+    axis.set_title(f"{bench.model}: p50 and p99 against connections")
+    axis.legend(fontsize=7, ncol=3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -21,6 +21,8 @@ class ModelBench:
     pipeline_cpu_ms: float = 0.0
     pipeline_rps_one_thread: float = 0.0
     floor_cpu_ms: float = 0.0
+    lone: dict[str, dict] = field(default_factory=dict)  # system -> attribution.LoneRequest rows, one connection
+    log_bytes: dict[str, float] = field(default_factory=dict)  # bytes written to logs per request, by setting
 
     @property
     def ceiling(self) -> float:
@@ -33,3 +35,7 @@ class ModelBench:
 
     def at(self, system: str, connections: int) -> dict:
         return next(r for r in self.closed[system] if r["connections"] == connections)
+
+    def connections(self) -> list[int]:
+        """The closed loop's connection counts, as the first system ran them (every system runs the same)."""
+        return [run["connections"] for run in next(iter(self.closed.values()), [])]

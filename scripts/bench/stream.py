@@ -13,9 +13,11 @@ one-row JSON body:
     CPU limit); the no-op handler with batchSize 1 (what a lone request costs TorchServe);
   - Flask + gunicorn, one forward per request; LitServe with its batching on (batch size and timeout
     as the lane's).
-Closed loop at 1, 16 and 64 connections, then an open-loop sweep of offered rates (fractions of the
-lane's closed-loop rate). Writes build/bench/stream.json, the stream section of docs/benchmarks.md
-and PNG plots in docs/bench/.
+Closed loop at 1, 2, 4, 8, 16, 32 and 64 connections, then an open-loop sweep of offered rates (fractions
+of the lane's closed-loop rate); for digits also where a lone request's milliseconds go (scripts/bench/
+attribution.py) and the bytes the server's logs grow by per request, at the default log settings and with
+the access log on. Writes build/bench/stream.json, the stream section of docs/benchmarks.md and PNG plots
+in docs/bench/.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 from models.digits.samples import digit_rows
 from scripts import cli
 from scripts.archive.variant import write_variant
-from scripts.bench import loadgen, plots
+from scripts.bench import attribution, loadgen, plots
 from scripts.bench.peers.flask_app import flask_peer
 from scripts.bench.peers.litserve_app import litserve_peer
 from scripts.bench.peers.noop_handler import build_noop_archive
@@ -58,17 +60,19 @@ REPORT_DIR = ROOT / "docs" / "bench"
 class Plan:
     """How long and how hard: the full run for docs/benchmarks.md, or --quick (under 3 minutes in all)."""
 
-    connections: tuple[int, ...] = (1, 16, 64)
-    seconds: float = 5.0
+    connections: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    seconds: float = 4.0
     warmup: float = 1.0
-    rate_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25)
-    open_seconds: float = 5.0
+    rate_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 1.25)
+    open_seconds: float = 4.0
+    lone_seconds: float = 5.0
+    server_warmup: float = 3.0  # each TorchServe lane at 64 connections before any measured run
     open_systems: tuple[str, ...] = (LANE, BATCH1, FLASK, LITSERVE)
     pipeline_seconds: float = 3.0
 
 
-QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
-             open_systems=(LANE,), pipeline_seconds=1.0)  # fmt: skip
+QUICK = Plan(connections=(1, 4, 16, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
+             open_systems=(LANE,), pipeline_seconds=1.0, lone_seconds=2.0, server_warmup=2.0)  # fmt: skip
 
 
 def request_body(model: str) -> bytes:
@@ -148,8 +152,11 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
                 check_answer(
                     model, requests.post(targets[system].url, data=body, headers=targets[system].headers(), timeout=60), system
                 )
+        for system in (LANE, BATCH1, FLOOR, FLOOR1):  # warm before traffic, as `make serve` does (its JIT, first calls)
+            loadgen.closed_loop(targets[system], 64, plan.server_warmup)
         for system in (LANE, BATCH1, FLOOR, FLOOR1):
             print(f"  {system} ({names[system]})", flush=True)
+            logs_before = attribution.log_bytes(server.workdir)
             if system == FLOOR:  # the last (highest) load also charges the server's CPU to the requests it served
                 result.closed[system] = closed_runs(targets[system], replace(plan, connections=plan.connections[:-1]))
                 last = plan.connections[-1]
@@ -165,11 +172,21 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
                 print(f"    floor CPU per request at {last} connections: {result.floor_cpu_ms:.3f} ms", flush=True)
             else:
                 result.closed[system] = closed_runs(targets[system], plan)
+            if system == LANE:
+                answered = sum(run["requests"] for run in result.closed[system])
+                result.log_bytes["default"] = (attribution.log_bytes(server.workdir) - logs_before) / answered
+                print(f"    logs: {result.log_bytes['default']:.1f} bytes per request", flush=True)
+        if model == "digits":
+            for system in (FLOOR, LANE):
+                result.lone[system] = attribution.lone_request(server, names[system], targets[system], plan.lone_seconds).row()
+                print(f"    lone request, {system}: {result.lone[system]}", flush=True)
         rates = [round(fraction * result.at(LANE, plan.connections[-1])["rps"]) for fraction in plan.rate_fractions]
         for system in (LANE, BATCH1):
             if system in plan.open_systems:
                 print(f"  {system}: open loop", flush=True)
                 result.open[system] = open_runs(targets[system], rates, plan)
+    if model == "digits":
+        result.log_bytes["access log on"] = access_log_bytes(model, archive, lane, body, plan, workdir)
     peers = {
         FLASK: lambda port: flask_peer(archive, port, workers=lane.workers),
         LITSERVE: lambda port: litserve_peer(
@@ -187,18 +204,35 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
     return result
 
 
+def access_log_bytes(model: str, archive: Path, lane: LaneSettings, body: bytes, plan: Plan, workdir: Path) -> float:
+    """Bytes the logs grow by per request on the stream lane with the access log switched on (-Daccess_log=all)."""
+    vmargs = ServerConfig.read().vmargs + " -Daccess_log=all"
+    config = {**lanes_config(model, lane), "vmargs": vmargs}
+    with serving_in(
+        workdir / f"torchserve-{model}-access", {f"{model}.mar": archive, "noop.mar": workdir / "noop" / "noop.mar"}, config
+    ) as server:
+        target = loadgen.Target(server.endpoints.prediction_url(model), body, JSON, server.endpoints.token("inference"))
+        loadgen.closed_loop(target, 16, plan.warmup)
+        before = attribution.log_bytes(server.workdir)
+        run = loadgen.closed_loop(target, 16, plan.seconds)
+        grown = (attribution.log_bytes(server.workdir) - before) / max(run.requests, 1)
+    print(f"  access log on: {grown:.1f} bytes per request", flush=True)
+    return grown
+
+
 # -- report -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Target:
-    """One goal of issue 9, stated as a ratio measured in this run."""
+    """One goal of issues 9 and 22, stated as a ratio or a difference measured in this run."""
 
     name: str
     value: float
     bound: float
     higher_is_better: bool = True
     unit: str = "x"
+    detail: str = ""
 
     @property
     def met(self) -> bool:
@@ -207,22 +241,54 @@ class Target:
     def row(self) -> str:
         sign = ">=" if self.higher_is_better else "<="
         verdict = "met" if self.met else "**missed**"
-        return f"| {self.name} | {self.value:.2f}{self.unit} | {sign} {self.bound:g}{self.unit} | {verdict} |"
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"| {self.name} | {self.value:.2f}{self.unit}{detail} | {sign} {self.bound:g}{self.unit} | {verdict} |"
+
+
+def _p50_over(bench: ModelBench, other: str, bound: float) -> Target:
+    lane, peer = bench.at(LANE, 1)["p50_ms"], bench.at(other, 1)["p50_ms"]
+    return Target(f"lane p50 minus {other} p50, 1 connection", lane - peer, bound, False, " ms", f"{lane:.2f} vs {peer:.2f} ms")
+
+
+def _rate_over(bench: ModelBench, other: str, connections: int, bound: float) -> Target:
+    lane, peer = bench.at(LANE, connections)["rps"], bench.at(other, connections)["rps"]
+    return Target(f"lane / {other} at {connections} connections", lane / peer, bound, detail=f"{lane:,.0f} vs {peer:,.0f} req/s")
 
 
 def targets(bench: ModelBench, top: int) -> list[Target]:
     lane = bench.at(LANE, top)
+    middle = [c for c in (4, 16) if c in bench.connections()]
     if bench.model == "digits":
-        lone = bench.at(LANE, 1)["p50_ms"] - bench.at(FLOOR1, 1)["p50_ms"]
-        return [
-            Target(f"lane / CPU limit at {top} connections", lane["rps"] / bench.cpu_limit, 0.8),
-            Target(f"lane / Flask at {top} connections", lane["rps"] / bench.at(FLASK, top)["rps"], 2.0),
-            Target(f"lane / batchSize 1 at {top} connections", lane["rps"] / bench.at(BATCH1, top)["rps"], 3.0),
-            Target(f"lane p99 at {top} connections", lane["p99_ms"], 50, higher_is_better=False, unit=" ms"),
-            Target("lane p50 minus no-op batchSize 1 p50, 1 connection", lone, 1.0, higher_is_better=False, unit=" ms"),
+        found = [
+            _p50_over(bench, FLASK, 1.5),
+            _p50_over(bench, FLOOR, 1.0),
+            *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
+            Target(
+                f"lane / CPU limit at {top} connections",
+                lane["rps"] / bench.cpu_limit,
+                0.8,
+                detail=f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s",
+            ),
+            _rate_over(bench, FLASK, top, 2.0),
+            _rate_over(bench, BATCH1, top, 3.0),
+            Target(f"lane p99 at {top} connections", lane["p99_ms"], 40, higher_is_better=False, unit=" ms"),
         ]
+        if "access log on" in bench.log_bytes:
+            found.append(
+                Target(
+                    "bytes written to logs per request, access log on",
+                    bench.log_bytes["access log on"],
+                    150,
+                    False,
+                    " B",
+                    f"{bench.log_bytes.get('default', 0):.1f} B with the default settings",
+                )  # fmt: skip
+            )
+        return found
     return [
-        Target(f"lane / Flask at {top} connections", lane["rps"] / bench.at(FLASK, top)["rps"], 1.8),
+        _p50_over(bench, FLASK, 2.0),
+        *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
+        _rate_over(bench, FLASK, top, 1.8),
         Target(f"lane / in-process pipeline (all cores) at {top} connections", lane["rps"] / bench.ceiling, 0.8),
     ]
 
@@ -238,7 +304,9 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
         f"Every system serves the same archive's core with {lane.workers} workers of 1 torch thread "
         f"(LitServe: batch {lane.batch_size}, timeout {lane.max_batch_delay} ms). Body: one row as JSON instances.",
         "",
-        "| system | " + " | ".join(f"{c} conn: req/s, p50 / p95 / p99 ms" for c in plan.connections) + f" | / lane at {top} |",
+        "Closed loop (wrk): req/s, then p50 / p99 ms, at each number of connections.",
+        "",
+        "| system | " + " | ".join(f"{c} conn" for c in plan.connections) + f" | / lane at {top} |",
         "| --- | " + " | ".join("---:" for _ in plan.connections) + " | ---: |",
     ]
     lane_top = bench.at(LANE, top)["rps"]
@@ -247,7 +315,7 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
         for connections in plan.connections:
             r = next(run for run in runs if run["connections"] == connections)
             errors = f", {r['errors']} errors" if r["errors"] else ""
-            cells.append(f"{r['rps']:,.0f}, {r['p50_ms']:.1f} / {r['p95_ms']:.1f} / {r['p99_ms']:.1f}{errors}")
+            cells.append(f"{r['rps']:,.0f}, {r['p50_ms']:.1f} / {r['p99_ms']:.1f}{errors}")
         ratio = bench.at(system, top)["rps"] / lane_top
         lines.append(f"| {system} | " + " | ".join(cells) + f" | {ratio:.2f} |")
     lines += [
@@ -263,6 +331,17 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
         "| --- | ---: | ---: | --- |",
         *(t.row() for t in targets(bench, top)),
     ]
+    if bench.lone:
+        lines += [
+            "",
+            "Where a lone request's milliseconds go (one connection, "
+            f"{plan.lone_seconds:g} s each, after the runs above; method: scripts/bench/attribution.py):",
+            "",
+            *attribution.table(bench.lone),
+        ]
+    if bench.log_bytes:
+        sizes = ", ".join(f"{setting}: {value:.1f}" for setting, value in bench.log_bytes.items())
+        lines += ["", f"Bytes written to the server's logs/ and stdout per request on the stream lane: {sizes}."]
     if bench.open:
         lines += ["", "Open loop (k6, constant arrival rate): achieved req/s and p50 / p99 ms at each offered rate.", ""]
         rates = [run["offered_rps"] for run in next(iter(bench.open.values()))]

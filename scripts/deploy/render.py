@@ -29,6 +29,7 @@ from scripts.server.prometheus import MONITORING
 
 K8S_CONFIG = K8S / "config"
 METRICS = MONITORING / "metrics.yaml"
+LOG_CONFIG = MONITORING / "log4j2.xml"  # TorchServe's logging (config.properties' vmargs), beside metrics.yaml
 # TorchServe's default ports: render() takes them for the keys it always writes.
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082, "grpc_inference": 7070, "grpc_management": 7071, "workers": 9000}
 
@@ -61,8 +62,14 @@ KSERVE_OVERRIDES = {
 }
 
 
+def _log_config_at(source: ServerConfig, folder: str) -> dict[str, str]:
+    vmargs = source.vmargs_with_log_config(lambda value: f"{folder}/{Path(value).name}")
+    return {"vmargs": vmargs} if vmargs else {}
+
+
 def k8s_properties(source: ServerConfig) -> str:
-    return _render(source, K8S_OVERRIDES, "deploy/k8s: TorchServe inside a pod behind its gateway")
+    overrides = {**K8S_OVERRIDES, **_log_config_at(source, f"{POD_HOME}/config")}
+    return _render(source, overrides, "deploy/k8s: TorchServe inside a pod behind its gateway")
 
 
 def kserve_properties(source: ServerConfig) -> str:
@@ -70,7 +77,8 @@ def kserve_properties(source: ServerConfig) -> str:
     for lane, versions in source._models_json().items():
         snapshot["models"][lane] = {version: {"defaultVersion": True, **entry} for version, entry in versions.items()}
         snapshot["modelCount"] += len(versions)
-    overrides = {**KSERVE_OVERRIDES, "model_snapshot": json.dumps(snapshot, separators=(",", ":"))}
+    overrides = {**KSERVE_OVERRIDES, **_log_config_at(source, f"{KSERVE_MOUNT}/config")}
+    overrides["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
     return _render(source, overrides, "deploy/kserve: TorchServe behind KServe's wrapper")
 
 
@@ -88,11 +96,12 @@ def _render(source: ServerConfig, overrides: dict[str, str], purpose: str) -> st
 
 
 def write_k8s(source: ServerConfig, folder: Path = K8S_CONFIG) -> list[Path]:
-    """config.properties and metrics.yaml for the ConfigMap that kustomize generates from this folder."""
+    """config.properties, metrics.yaml and log4j2.xml for the ConfigMap that kustomize generates from this folder."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.properties").write_text(k8s_properties(source))
     shutil.copyfile(METRICS, folder / "metrics.yaml")
-    return [folder / "config.properties", folder / "metrics.yaml"]
+    shutil.copyfile(LOG_CONFIG, folder / "log4j2.xml")
+    return [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml"]
 
 
 def write_kserve(source: ServerConfig, out: Path) -> list[Path]:
@@ -102,7 +111,8 @@ def write_kserve(source: ServerConfig, out: Path) -> list[Path]:
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     (out / "config" / "config.properties").write_text(kserve_properties(source))
     shutil.copyfile(METRICS, out / "config" / "metrics.yaml")
-    written = [out / "config" / "config.properties", out / "config" / "metrics.yaml"]
+    shutil.copyfile(LOG_CONFIG, out / "config" / "log4j2.xml")
+    written = [out / "config" / "config.properties", out / "config" / "metrics.yaml", out / "config" / "log4j2.xml"]
     for archive in sorted(set(source.loaded_lanes().values())):
         built = MarFile(source.model_store / archive)
         if not built.path.is_file():

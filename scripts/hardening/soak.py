@@ -9,7 +9,9 @@ after another through `digits-bulk` and `minilm-bulk`. Every worker (pids from t
 frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up (full batches on the stream
 lanes, then the same traffic) and after the run, both times with no request in flight: resident memory
 (RSS) and open file descriptors. It fails when a process grows past BOUNDS, a worker restarts, a stream
-request fails or a batch job misses a row. Writes build/soak.json.
+request fails or a batch job misses a row. Its own server runs with the access log on and small log files
+(LOG_FLAGS), so the logs roll over many times during a soak: it also fails when the server's logs/ folder ends
+larger than the rotation's cap. Writes build/soak.json.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ MINILM_JOB_WORDS = 30  # sentences up to this many words: the lane's cost per ro
 # a queue of timeouts; and no batch grows past what the warm-up's burst already gave the workers.
 STREAM_CONNECTIONS = {"digits": 4, "minilm": 2}
 SAMPLE_EVERY_S = 10.0
+# The soak's own server logs every request (the access log on) into files of 1 MB with 2 old ones each: the
+# five log files of monitoring/log4j2.xml then hold at most 5 x 3 MB, however long the soak.
+LOG_FLAGS = "-Daccess_log=all -Dlog_file_size=1MB -Dlog_files=2"
+LOGS_CAP_BYTES = 5 * 3 * MIB
 
 
 @dataclass(frozen=True)
@@ -157,10 +163,16 @@ class SoakReport:
     processes: list[ProcessReport]
     traffic: Traffic
     restarted: list[str]  # lanes whose worker pids changed
+    logs_bytes: tuple[int, int] = (0, 0)  # the server's logs/ folder at the first and the last sample
+    logs_cap_bytes: int | None = None  # None: the server's own settings (--running), not checked
 
     @property
     def failures(self) -> list[str]:
         found = [problem for process in self.processes for problem in process.problems()]
+        if self.logs_cap_bytes is not None and self.logs_bytes[1] > self.logs_cap_bytes:
+            found.append(
+                f"logs/ holds {self.logs_bytes[1] / MIB:.1f} MiB, past the rotation's cap {self.logs_cap_bytes / MIB:.0f} MiB"
+            )
         found += [f"{lane}: a worker was restarted during the soak" for lane in self.restarted]
         return found + self.traffic.problems()
 
@@ -188,6 +200,8 @@ class SoakReport:
             jobs = [job for job in self.traffic.jobs if job["model"] == model]
             rows = sum(job["rows"] for job in jobs)
             lines.append(f"batch  {model:7}: {len(jobs)} jobs through {model}-bulk, {rows} rows")
+        cap = f", cap {self.logs_cap_bytes / MIB:.0f} MiB" if self.logs_cap_bytes is not None else ""
+        lines.append(f"logs/   : {self.logs_bytes[0] / MIB:.1f} -> {self.logs_bytes[1] / MIB:.1f} MiB{cap}")
         failures = self.failures
         lines.append("PASS" if not failures else "FAIL:")
         lines += [f"  - {failure}" for failure in failures]
@@ -198,6 +212,7 @@ class SoakReport:
             "minutes": self.minutes,
             "warmup_s": self.warmup_s,
             "bounds": {kind: asdict(bound) for kind, bound in BOUNDS.items()},
+            "logs_bytes": {"start": self.logs_bytes[0], "end": self.logs_bytes[1], "cap": self.logs_cap_bytes},
             "processes": [
                 {
                     "role": p.role,
@@ -372,15 +387,15 @@ def _job(name: str, lane: Lane, source: Path, folder: Path) -> dict:
 # --- the soak ------------------------------------------------------------------------------------------------
 
 
-def soak(lanes: dict[str, Lane], minutes: float, warmup_s: float, settle_s: float = 2.0) -> SoakReport:
-    """Warm up, sample, run `minutes` of traffic (sampling the peak), settle, sample again."""
+def soak(lanes: dict[str, Lane], minutes: float, warmup_s: float, logs: Path, settle_s: float = 2.0) -> SoakReport:
+    """Warm up, sample, run `minutes` of traffic (sampling the peak), settle, sample again (`logs`: its size)."""
     with tempfile.TemporaryDirectory(prefix="soak-") as folder:
         work = workload(lanes, Path(folder))
         burst(work, Path(folder))
         run_traffic(work, warmup_s, Path(folder))
         time.sleep(settle_s)
         pids = processes(lanes)
-        start = sample(pids)
+        start, logs_start = sample(pids), folder_bytes(logs)
         peaks = {pid: s.rss_mib for pid, s in start.items()}
 
         def tick() -> None:
@@ -389,14 +404,18 @@ def soak(lanes: dict[str, Lane], minutes: float, warmup_s: float, settle_s: floa
 
         traffic = run_traffic(work, minutes * 60, Path(folder), on_tick=tick)
         time.sleep(settle_s)
-        end = sample(pids)
+        end, logs_end = sample(pids), folder_bytes(logs)
         after = processes(lanes)
     reports = [
         ProcessReport(s.role, pid, s, end.get(pid), max(peaks[pid], end[pid].rss_mib if pid in end else 0), bound_for(s.role))
         for pid, s in sorted(start.items(), key=lambda item: (item[1].role != "frontend", item[1].role, item[0]))
     ]
     restarted = sorted({role for pid, role in after.items() if pid not in pids and role != "frontend"})
-    return SoakReport(minutes, warmup_s, reports, traffic, restarted)
+    return SoakReport(minutes, warmup_s, reports, traffic, restarted, (logs_start, logs_end))
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else 0
 
 
 def bound_for(role: str) -> Bound:
@@ -421,8 +440,11 @@ def main(argv: list[str] | None = None) -> int:
     subject.add_options(parser, BUILD / "soak.json")
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else default_warmup(args.minutes)
-    with subject.subject(args) as server:
-        report = soak(lanes_of(server.config, server.endpoints.key_file), args.minutes, warmup)
+    logging = {"vmargs": f"{ServerConfig.read().vmargs} {LOG_FLAGS}"}
+    with subject.subject(args, logging) as server:
+        report = soak(lanes_of(server.config, server.endpoints.key_file), args.minutes, warmup, server.logs)
+    if not args.running:
+        report.logs_cap_bytes = LOGS_CAP_BYTES
     return subject.finish(report, args.report)
 
 

@@ -29,6 +29,7 @@ class Subject:
 
     config: Path
     endpoints: Endpoints
+    logs: Path  # the logs/ folder the server writes into
 
 
 class Report(Protocol):
@@ -46,16 +47,17 @@ def add_options(parser: argparse.ArgumentParser, report: Path) -> None:
 
 
 @contextlib.contextmanager
-def subject(args: argparse.Namespace) -> Iterator[Subject]:
-    """The running server (--running), or a throwaway one serving every lane of ARCHIVES."""
+def subject(args: argparse.Namespace, overrides: dict[str, str] | None = None) -> Iterator[Subject]:
+    """The running server (--running), or a throwaway one serving every lane of ARCHIVES (config.properties
+    with `overrides`)."""
     if args.running:
-        yield Subject(args.config, Endpoints.from_config(args.config, args.key_file))
+        yield Subject(args.config, Endpoints.from_config(args.config, args.key_file), ROOT / "logs")
         return
     from scripts.server.temporary import serving_in
 
     with tempfile.TemporaryDirectory(prefix="torchserve-check-") as folder:
-        with serving_in(Path(folder), {name: MODEL_STORE / name for name in ARCHIVES}) as server:
-            yield Subject(server.config, server.endpoints)
+        with serving_in(Path(folder), {name: MODEL_STORE / name for name in ARCHIVES}, overrides) as server:
+            yield Subject(server.config, server.endpoints, server.workdir / "logs")
 
 
 def finish(report: Report, path: Path) -> int:

@@ -8,6 +8,7 @@ with other ports (`render`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ REQUIRED_LANE_KEYS = ("batchSize", "maxBatchDelay", "responseTimeout", "minWorke
 # TorchServe's own defaults when config.properties leaves max_request_size / job_queue_size out.
 DEFAULT_MAX_REQUEST_SIZE = 6_553_500
 DEFAULT_JOB_QUEUE_SIZE = 100
+LOG4J_FLAG = "-Dlog4j.configurationFile"
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,26 @@ class ServerConfig:
         path = Path(value)
         return path if path.is_absolute() else ROOT / path
 
+    @property
+    def vmargs(self) -> str:
+        """vmargs= (the JVM's flags) with the log4j2 config's path made absolute: TorchServe's JVM resolves a
+        relative -Dlog4j.configurationFile= from the folder it starts in, which is a copy's, not the repository."""
+        return self.vmargs_with_log_config(lambda value: value if Path(value).is_absolute() else str(ROOT / value))
+
+    def vmargs_with_log_config(self, place: Callable[[str], str]) -> str:
+        """vmargs= with the -Dlog4j.configurationFile= path as `place` maps it (the cluster's configs mount it elsewhere)."""
+        words = []
+        for word in self.properties.get("vmargs", "").split():
+            key, sep, value = word.partition("=")
+            words.append(f"{LOG4J_FLAG}={place(value)}" if key == LOG4J_FLAG and sep else word)
+        return " ".join(words)
+
     def render(self, out: Path, model_store: Path, ports: dict[str, int], overrides: dict[str, str] | None = None) -> Path:
         """A copy of this file with other ports, model store and any overrides, for a second server."""
         # Paths TorchServe resolves from the folder it starts in, which is the copy's, not the repository.
         files = {"metrics_config": str(self.metrics_config)} if self.metrics_config is not None else {}
+        if self.vmargs:
+            files["vmargs"] = self.vmargs
         addresses = {
             **files,
             "inference_address": f"http://127.0.0.1:{ports['inference']}",

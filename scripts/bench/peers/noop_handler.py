@@ -7,6 +7,7 @@ makes the .mar with torch-model-archiver.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,9 @@ JSON = "application/json"  # not scripts.layout's: this file is packed alone, st
 
 def handle(data, context):
     """TorchServe's function entry point: one fixed answer per request in the batch."""
-    if data is None:  # the load-time call
+    if data is None:  # the load-time call: the worker's logging as our handler sets it (handlers/metrics.py)
+        logging.getLogger().setLevel(logging.WARNING)  # no "Backend received inference" line per batch
+        logging.getLogger("ts.metrics").setLevel(logging.WARNING)  # nor TorchServe's PredictionTime line
         return None
     for index in range(len(data)):
         context.set_response_content_type(index, JSON)

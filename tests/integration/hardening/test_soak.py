@@ -18,7 +18,8 @@ def lanes_of(server, model: str) -> dict[str, soak.Lane]:
 
 def test_a_minute_of_mixed_traffic_grows_no_process_past_its_bound(digits_server, minilm_server):
     lanes = {**lanes_of(digits_server, "digits"), **lanes_of(minilm_server, "minilm")}
-    report = soak.soak(lanes, minutes=SOAK_MINUTES, warmup_s=5)
+    report = soak.soak(lanes, minutes=SOAK_MINUTES, warmup_s=5, logs=digits_server.workdir / "logs")
+    report.logs_cap_bytes = soak.LOGS_CAP_BYTES  # the session's servers log at the default settings: far below it
     print(report.text())
     assert report.failures == [], report.text()
     # Every worker of the four lanes and both frontends (one per server) were sampled at both ends.
@@ -33,6 +34,8 @@ def test_a_minute_of_mixed_traffic_grows_no_process_past_its_bound(digits_server
     }
     assert {job["model"] for job in report.traffic.jobs} == {"digits", "minilm"}
     assert all(job["predicted"] == job["rows"] for job in report.traffic.jobs)
+    # Default log settings: a minute of traffic writes next to nothing (docs/observability.md, "Logs").
+    assert report.logs_bytes[1] - report.logs_bytes[0] < 64 * 1024, report.logs_bytes
 
 
 START = soak.Sample("digits", 1, rss_mib=300.0, fds=5)

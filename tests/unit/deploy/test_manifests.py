@@ -255,6 +255,7 @@ def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path
     layout = sorted(str(path.relative_to(tmp_path / "bucket")) for path in written)
     assert layout == [
         "config/config.properties",
+        "config/log4j2.xml",
         "config/metrics.yaml",
         "model-store/digits.mar",
         "model-store/digits.mar.sha256",

@@ -4,6 +4,7 @@ labelled by model and lane; one debug line per batch and nothing per row at info
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,8 @@ def emitted_lines(messages: list[str]) -> list[tuple[str, float, dict[str, str]]
     """The worker's metric lines, `[METRICS]Name.Unit:value|#dim:value,...|#type:...`, as (name, value, dims)."""
     lines = []
     for message in messages:
+        if not message.startswith("[METRICS]"):
+            continue  # e.g. the handler's warning line per failed request
         head, dimensions = message.removeprefix("[METRICS]").split("|")[:2]
         name, value = head.split(":")
         dims = dict(pair.split(":") for pair in dimensions.removeprefix("#").split(","))
@@ -120,6 +123,7 @@ def test_debug_logging_writes_one_line_per_batch_and_info_nothing_per_request(di
     data = [{"body": bytearray(grid_png(grid))} for grid in grids]
     quiet = MODULE.UnifiedHandler()
     quiet.initialize(make_context(digits_model_dir, 0))
+    caplog.clear()  # the worker's start line, at info
     with caplog.at_level(logging.INFO):  # what TorchServe's worker logs by default
         quiet.handle(data, make_context(digits_model_dir, len(data)))
     assert not [r for r in caplog.records if r.name.startswith("handlers")]
@@ -155,3 +159,50 @@ def test_cuda_lanes_report_device_memory(caplog):
     values = {name: value for name, value, _ in emitted(caplog)}
     assert values["HandlerGPUMemoryTotalMB"] > 1000
     assert 0 <= values["HandlerGPUMemoryAllocatedMB"] <= values["HandlerGPUMemoryReservedMB"] < values["HandlerGPUMemoryTotalMB"]
+
+
+def test_a_batchs_metric_lines_leave_the_worker_in_one_write_and_torchserves_own_lines_are_dropped(monkeypatch):
+    # TorchServe's worker logs to its stdout through a root StreamHandler; the frontend's reader thread wakes per write.
+    writes: list[str] = []
+
+    class Stdout:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    stdout = Stdout()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    handler = logging.StreamHandler(stdout)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        metrics.configure_logging({})
+        cache = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
+        cache.initialize_cache()
+        lane = metrics.HandlerMetrics(cache, "digits", "digits", torch.device("cpu"))
+        lane.batch([Response(200, {}, 1), Response(400, {}, 1)], StageTimes(forward_rows=[1]), 0.01)
+        cache.add_time("PredictionTime", 1.5)  # what TorchServe's service emits after each batch: not exported
+    finally:
+        root.removeHandler(handler)
+        logging.getLogger(metrics.METRIC_LOGGER).removeFilter(metrics._GATE)
+    [write] = writes
+    names = [line.split(".")[0].removeprefix("[METRICS]") for line in write.splitlines()]
+    assert len(names) == 9 and names[0] == "HandlerBatchRequests" and names[-1] == "HandlerErrors"
+    assert "PredictionTime" not in write
+
+
+def test_torchserves_chatter_in_the_worker_is_off_by_default_and_one_switch_away():
+    try:
+        assert metrics.configure_logging({}) == "INFO"
+        assert logging.getLogger().level == logging.WARNING  # "Backend received inference at" per batch: off
+        assert logging.getLogger(metrics.METRIC_LOGGER).getEffectiveLevel() == logging.INFO
+        metrics.configure_logging({"logging": {"torchserve": "info"}})
+        assert logging.getLogger().level == logging.INFO
+        with pytest.raises(SettingsError, match="logging.torchserve must be"):
+            metrics.configure_logging({"logging": {"torchserve": "chatty"}})
+    finally:
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("handlers").setLevel(logging.NOTSET)

@@ -79,3 +79,17 @@ def test_config_gives_limits_and_the_model_store():
 def test_a_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         ServerConfig.read(tmp_path / "nope.properties")
+
+
+def test_rendered_config_points_the_jvm_at_the_projects_log4j2_config_absolutely(tmp_path):
+    # TorchServe's JVM resolves a relative path from the folder it starts in: a test server's, not the repository.
+    config = ServerConfig.read()
+    assert "-Dlog4j.configurationFile=monitoring/log4j2.xml" in config.get("vmargs", "")
+    ports = {
+        name: 1000 + n
+        for n, name in enumerate(("inference", "management", "metrics", "grpc_inference", "grpc_management", "workers"))
+    }
+    out = ServerConfig.read(config.render(tmp_path / "c.properties", tmp_path / "store", ports))
+    flags = out.get("vmargs", "").split()
+    assert f"-Dlog4j.configurationFile={ROOT / 'monitoring' / 'log4j2.xml'}" in flags
+    assert "-XX:+ExitOnOutOfMemoryError" in flags and (ROOT / "monitoring" / "log4j2.xml").is_file()
