@@ -4,7 +4,11 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
+SERVING_FILES := requirements-serving.txt requirements-serving-nodeps.txt
+STAMP := $(VENV)/.installed-$(shell cat $(SERVING_FILES) requirements.txt | sha1sum | cut -c1-12)
+SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(SERVING_FILES) | sha1sum | cut -c1-12)
+# pip itself, pinned like everything else (the venv's own pip is whatever python3.11 -m venv brings).
+PIP := pip==26.3
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
 MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
@@ -25,15 +29,25 @@ BROKERS ?= 127.0.0.1:19092
 TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
-.PHONY: venv grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
+.PHONY: venv venv-serving grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
 	swap rollback batch-job broker stream verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
 
-# --- environment: one pinned requirements file -----------------------------------------------------
+# --- environment: two layers, one command each -------------------------------------------------------
+# venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
+# venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): requirements.txt
+$(STAMP): $(SERVING_FILES) requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(PIP)
 	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+venv-serving: $(SERVING_STAMP)
+$(SERVING_STAMP): $(SERVING_FILES)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(PIP)
+	$(PY) -m pip install --quiet -r requirements-serving.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
@@ -72,8 +86,13 @@ model_store/digits-%.mar model_store/digits-%.mar.sha256: $(STAMP) $(HANDLER_SOU
 model_store/minilm.mar model_store/minilm.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
 	$(PY) -m scripts.archive.build --model minilm --version 1.0
 
+# --- system packages: declared once in system-packages.sh (serve | test | ci); as root on Debian it installs
+# what is missing, otherwise it stops at once with the one command to run.
+system-packages-%:
+	./system-packages.sh $*
+
 # --- serving: TorchServe from the repository root with config.properties -----------------------------
-serve: archive
+serve: system-packages-serve archive
 	$(PY) -m scripts.server.serve start
 stop: $(STAMP)
 	$(PY) -m scripts.server.serve stop
@@ -86,7 +105,7 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
+test: system-packages-test lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
 	$(PY) -m pytest
 # test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU.
 test-slow: archive

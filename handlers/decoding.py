@@ -38,26 +38,26 @@ class RequestLimits:
     # Media type prefixes the task reads as a raw body (Task.raw_media); a body without one (gRPC) always passes.
     raw_media: tuple[str, ...] = ()
 
+    # handler.max_request_bytes for this lane (None: no limit of the handler's) and every lane it names.
+    max_bytes: int | None = None
+    lanes_bytes: Mapping[str, int | None] = field(default_factory=dict)
+
+    def check_bytes(self, size: int) -> None:
+        """Before the body is parsed: JSON of many small items costs tens of times its size as Python objects."""
+        if self.max_bytes is None or size <= self.max_bytes:
+            return
+        raise too_large(
+            f"request body is {size} bytes; lane {self.lane} takes at most {self.max_bytes} bytes per request "
+            f"(handler.max_request_bytes): {_instead(self.lane, self.max_bytes, self.lanes_bytes, size, 'bytes')}"
+        )
+
     def check_rows(self, count: int) -> None:
         if self.max_rows is None or count <= self.max_rows:
             return
         raise too_large(
             f"request has {count} rows; lane {self.lane} takes at most {self.max_rows} rows per request "
-            f"(handler.max_request_rows): {self._instead(count)}"
+            f"(handler.max_request_rows): {_instead(self.lane, self.max_rows, self.lanes_rows, count, 'rows')}"
         )
-
-    def _instead(self, count: int) -> str:
-        larger = {
-            lane: rows for lane, rows in self.lanes_rows.items() if lane != self.lane and (rows is None or rows > self.max_rows)
-        }
-        if not larger:
-            return f"split it into requests of at most {self.max_rows} rows"
-        lane, rows = max(larger.items(), key=lambda entry: float("inf") if entry[1] is None else entry[1])
-        if rows is None:
-            return f"send it to lane {lane} (no row limit)"
-        if count <= rows:
-            return f"send it to lane {lane} (up to {rows} rows per request)"
-        return f"split it into requests of at most {rows} rows for lane {lane}"
 
     def check_raw_media(self, media: str) -> None:
         if not media or not self.raw_media or media.startswith(self.raw_media):
@@ -72,6 +72,19 @@ class RequestLimits:
 NO_LIMITS = RequestLimits()
 
 
+def _instead(lane: str, limit: int, lanes: Mapping[str, int | None], count: int, unit: str) -> str:
+    """What to do with a request of `count` `unit` over `lane`'s `limit`: the lane that takes the most, if any."""
+    larger = {other: most for other, most in lanes.items() if other != lane and (most is None or most > limit)}
+    if not larger:
+        return f"split it into requests of at most {limit} {unit}"
+    other, most = max(larger.items(), key=lambda entry: float("inf") if entry[1] is None else entry[1])
+    if most is None:
+        return f"send it to lane {other} (no {unit[:-1]} limit)"
+    if count <= most:
+        return f"send it to lane {other} (up to {most} {unit} per request)"
+    return f"split it into requests of at most {most} {unit} for lane {other}"
+
+
 def read_request(
     request: Mapping[str, Any], headers: Mapping[str, Any] | None = None, limits: RequestLimits = NO_LIMITS
 ) -> Payload:
@@ -82,7 +95,10 @@ def read_request(
     if name is None:
         raise _form_fields(request, _media(next((v for k, v in headers.items() if k.lower() == "content-type"), "")))
     media = _media(headers.get(name))
-    payload = read_body(request[name], media)
+    body = request[name]
+    if isinstance(body, (bytes, bytearray, str)):
+        limits.check_bytes(len(body))
+    payload = read_body(body, media)
     if payload.raw:
         limits.check_raw_media(media)
     else:
@@ -101,7 +117,8 @@ def read_body(value: Any, media: str = "") -> Payload:
         value = bytes(value)
         if _is_json(media) or (not media.startswith("text/") and _first(value) == b"{"):
             return _instances(_parse_json(value, media))
-        return _raw(value)
+        parsed = _maybe_json_object(value) if media.startswith("text/") else None
+        return _instances(parsed) if parsed is not None else _raw(value)
     if isinstance(value, str) and not _is_json(media):
         parsed = _maybe_json_object(value)
         return _instances(parsed) if parsed is not None else _raw(value)
@@ -141,9 +158,9 @@ def _parse_json(data: bytes, media: str) -> Any:
         raise RequestError(f"body is not valid JSON ({why}): {error}") from None
 
 
-def _maybe_json_object(text: str) -> dict | None:
+def _maybe_json_object(text: bytes | str) -> dict | None:
     """A JSON object with 'instances' sent as text/*; anything else stays a text."""
-    if _first(text) != "{":
+    if _first(text) not in ("{", b"{"):
         return None
     try:
         parsed = orjson.loads(text)

@@ -10,7 +10,17 @@ from handlers.errors import SettingsError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
-CORE_KEYS = ("task", "model_file", "max_batch_rows", "precision", "deterministic", "torch_threads", "max_request_rows")
+CORE_KEYS = (
+    "task",
+    "model_file",
+    "max_batch_rows",
+    "precision",
+    "deterministic",
+    "torch_threads",
+    "max_request_rows",
+    "max_request_bytes",
+    "response_timeout_s",
+)
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
 DEFAULT_LANE = "default"
@@ -35,6 +45,16 @@ class HandlerSettings:
     # lane takes what an interactive client sends; a larger request gets a 413 naming the lanes that take it.
     # Sized so the answer stays under config.properties' max_response_size (docs/hardening.md, "Limits").
     max_request_rows: PerLane = None
+    # The most bytes one request's body may have, per lane; checked on the raw bytes before they are parsed
+    # (the worker gets bodies undecoded, handlers/torchserve_handler.py): JSON of many tiny items costs ~33
+    # times its size as Python objects, so this bounds a worker's peak memory per request. null: no limit
+    # but config.properties' max_request_size. The pod's gateway takes the same numbers per route.
+    max_request_bytes: PerLane = None
+    # Seconds one batch may run on a lane before its worker gives up (ends itself, so TorchServe answers the
+    # batch's requests 500 and starts another); null: only TorchServe's responseTimeout, which 0.12 takes from
+    # the archive for every lane alike. A stream lane's hung request then fails within seconds, a bulk chunk
+    # keeps the archive's long timeout.
+    response_timeout_s: PerLane = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -54,6 +74,8 @@ class HandlerSettings:
             deterministic=section.get("deterministic", cls.deterministic),
             torch_threads=section.get("torch_threads", cls.torch_threads),
             max_request_rows=section.get("max_request_rows", cls.max_request_rows),
+            max_request_bytes=section.get("max_request_bytes", cls.max_request_bytes),
+            response_timeout_s=section.get("response_timeout_s", cls.response_timeout_s),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -66,6 +88,8 @@ class HandlerSettings:
             raise SettingsError(f"handler.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         _check_per_lane("torch_threads", self.torch_threads)
         _check_per_lane("max_request_rows", self.max_request_rows)
+        _check_per_lane("max_request_bytes", self.max_request_bytes)
+        _check_per_lane("response_timeout_s", self.response_timeout_s)
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
 
@@ -79,9 +103,24 @@ class HandlerSettings:
 
     def named_lanes_rows(self) -> dict[str, int | None]:
         """{lane: row limit} for the lanes max_request_rows names: where a request too large for one lane may go."""
-        if not isinstance(self.max_request_rows, Mapping):
-            return {}
-        return {lane: rows for lane, rows in self.max_request_rows.items() if lane != DEFAULT_LANE}
+        return _named_lanes(self.max_request_rows)
+
+    def bytes_for(self, lane: str) -> int | None:
+        """The most bytes one request's body may have on `lane`, None for no limit of the handler's."""
+        return _for_lane(self.max_request_bytes, lane)
+
+    def named_lanes_bytes(self) -> dict[str, int | None]:
+        return _named_lanes(self.max_request_bytes)
+
+    def timeout_for(self, lane: str) -> int | None:
+        """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""
+        return _for_lane(self.response_timeout_s, lane)
+
+
+def _named_lanes(value: PerLane) -> dict[str, int | None]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {lane: limit for lane, limit in value.items() if lane != DEFAULT_LANE}
 
 
 def _for_lane(value: PerLane, lane: str) -> int | None:

@@ -13,14 +13,22 @@ import orjson
 import torch
 
 from handlers.core import InferenceCore, Response, StageTimes, select_device
+from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
+from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
+from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
 
 logger = logging.getLogger(__name__)
 
 JSON = "application/json"
+# TorchServe's worker parses application/json bodies (Python's json) and decodes text/* ones before handle() is
+# called, unless this variable says "false" (ts/protocol/otf_message_handler.py reads it for every request).
+# Off, the handler gets every body as bytes and checks its size against the lane's max_request_bytes before
+# anything becomes Python objects: 64 MiB of {"instances": [{}, ...]} would cost a worker ~2 GiB otherwise.
+DECODE_SWITCH = "TS_DECODE_INPUT_REQUEST"
 
 
 class UnifiedHandler:
@@ -28,32 +36,45 @@ class UnifiedHandler:
 
     def __init__(self) -> None:
         self.core: InferenceCore | None = None
-        # Names the worker in every answer: the hot-swap's drain waits until each worker of the old
-        # version has answered a probe (scripts/swap/hot_swap.py).
+        # Names the worker to a request that asks (handlers/headers.py): the hot-swap's drain waits until each
+        # worker of the old version has answered a probe (scripts/swap/hot_swap.py).
         self.pid = str(os.getpid())
         self.metrics: HandlerMetrics | None = None
         self.limits = NO_LIMITS
+        self.timeout: LaneTimeout | None = None
 
     def initialize(self, context) -> None:
+        os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config)
-        threads = settings.threads_for(context.model_name)
-        if threads is not None:
-            torch.set_num_threads(threads)
+        # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
+        threads = settings.threads_for(context.model_name) or usable_cpus()
+        torch.set_num_threads(threads)
         logger.setLevel(configure_logging(context.model_yaml_config))  # this module is packed outside `handlers`
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
         self.limits = RequestLimits(
-            lane, settings.rows_for(lane), settings.named_lanes_rows(), getattr(self.core.task, "raw_media", ())
+            lane,
+            settings.rows_for(lane),
+            settings.named_lanes_rows(),
+            getattr(self.core.task, "raw_media", ()),
+            settings.bytes_for(lane),
+            settings.named_lanes_bytes(),
         )
+        timeout_s = settings.timeout_for(lane)
+        if timeout_s is not None:
+            self.timeout = LaneTimeout(lane, timeout_s)
         logger.info(
-            "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, precision=%s, deterministic=%s, torch threads=%d",
+            "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, max_request_bytes=%s, "
+            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d",
             context.model_name,
             settings.task,
             device,
             settings.max_batch_rows,
             self.limits.max_rows,
+            self.limits.max_bytes,
+            timeout_s,
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),
@@ -62,6 +83,16 @@ class UnifiedHandler:
         self.metrics.started()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
+        if self.timeout is None:
+            return self.answer_batch(data, context)
+        self.timeout.running(len(data))
+        try:
+            return self.answer_batch(data, context)
+        finally:
+            self.timeout.done()
+
+    def answer_batch(self, data: list[dict], context) -> list[bytes]:
+        """One TorchServe batch: a response body per request, in order."""
         started = time.perf_counter()
         stages = StageTimes()
         payloads = [self._read(request, context, index) for index, request in enumerate(data)]
@@ -69,8 +100,9 @@ class UnifiedHandler:
         responses = self.core.answer(payloads, stages)
         for index, response in enumerate(responses):
             context.set_response_content_type(index, JSON)
-            context.set_response_header(index, "X-Batch-Requests", str(len(data)))
-            context.set_response_header(index, "X-Worker-Pid", self.pid)
+            context.set_response_header(index, BATCH_REQUESTS, str(len(data)))
+            if asks_worker_pid(_headers(context, index)):
+                context.set_response_header(index, WORKER_PID, self.pid)
             if response.status != 200:
                 context.set_response_status(response.status, _reason_phrase(response.body["message"]), index)
                 # One line per failed request, whatever the log settings (the access log keeps failed ones too).

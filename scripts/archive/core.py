@@ -14,9 +14,12 @@ from scripts.archive.reader import MarFile
 def load_core(archive: Path) -> InferenceCore:
     """The core as TorchServe would build it from this .mar: its model-config.yaml and model file.
 
-    The handler code is this checkout's `handlers` package, the same source the archive was built from.
+    The handler code is this checkout's `handlers` package, the same source the archive was built from. The
+    archive must match the sha256 recorded next to it (DigestMismatch otherwise), as TorchServe's do: every path
+    that loads an archive (in-process and Ray batch jobs, the image) serves only what `make archive` built.
     """
     mar = MarFile(archive)
+    mar.verify_digest()
     settings = mar.settings()
     device = select_device(0 if torch.cuda.is_available() else None)
     with mar.unpacked() as folder:

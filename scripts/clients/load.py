@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import requests
 
+from handlers.headers import BATCH_REQUESTS, REPORT_WORKER_PID, WORKER_PID
 from scripts.clients.rest import predict
 from scripts.server.endpoints import Endpoints
 
@@ -25,13 +26,17 @@ class Answer:
     @property
     def batch_requests(self) -> int:
         """How many requests the handler saw in the call that answered this one (X-Batch-Requests)."""
-        return int(self.reply.headers.get("X-Batch-Requests", 1))
+        return int(self.reply.headers.get(BATCH_REQUESTS, 1))
 
     @property
     def worker_pid(self) -> int | None:
         """The process id of the TorchServe worker that answered (X-Worker-Pid), None if not named."""
-        pid = self.reply.headers.get("X-Worker-Pid")
+        pid = self.reply.headers.get(WORKER_PID)
         return int(pid) if pid else None
+
+
+# Every request sent here asks for the answering worker's pid (Answer.worker_pid: the hot-swap's drain, tests).
+ASK_PID = {REPORT_WORKER_PID: "1"}
 
 
 def send_concurrently(
@@ -67,7 +72,9 @@ def send_concurrently(
                 return
             sent = time.perf_counter()
             try:
-                reply = predict(endpoints, lane, bodies[index], kinds[index], version, timeout=timeout, session=session)
+                reply = predict(
+                    endpoints, lane, bodies[index], kinds[index], version, timeout=timeout, session=session, headers=ASK_PID
+                )
             except requests.RequestException as error:
                 failures.append(error)
                 return

@@ -42,16 +42,17 @@ def predict(
     version: str | None = None,
     timeout: float = 300,
     session: requests.Session | None = None,
+    headers: dict[str, str] | None = None,
 ) -> requests.Response:
     """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
     (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
-    keep the connection open across many calls (batch jobs). A token TorchServe refused because it
+    keep the connection open across many calls (batch jobs); `headers` are sent as well. A token TorchServe refused because it
     expired or was rotated meanwhile is replaced and the request sent once more (Endpoints.with_token)."""
     url = endpoints.prediction_url(model, version)
 
     def send(token: str) -> requests.Response:
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": kind}
-        return (session or requests).post(url, data=body, headers=headers, timeout=timeout)
+        sent = {**(headers or {}), "Authorization": f"Bearer {token}", "Content-Type": kind}
+        return (session or requests).post(url, data=body, headers=sent, timeout=timeout)
 
     return endpoints.with_token("inference", send, token_refused)
 

@@ -9,6 +9,10 @@ policy sees it.
 
 TorchServe runs in `--key-dir`, where it writes key_file.json (the tokens); a stop removes it there.
 
+Before TorchServe starts, every archive the config loads (load_models) must match the sha256 recorded next to it
+(`<archive>.sha256`, written by `make archive` where the archives were built and tested): a changed or unrecorded
+archive stops the start with a message naming it, and the container exits 1.
+
     python -m scripts.container.entrypoint --ts-config config.container.properties --key-dir /keys
 """
 
@@ -28,6 +32,7 @@ from scripts.container.config import CONTAINER_CONFIG, KEY_DIR
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
 from scripts.server.process import BIN, check_java, stop_process_group
+from scripts.server.serve import verify_loaded_archives
 
 # How long a stop may take before its leftovers are killed; under `podman stop`'s and Kubernetes' 30 s default.
 STOP_TIMEOUT_S = 25.0
@@ -52,7 +57,10 @@ def torchserve(*args: str) -> list[str]:
 
 def serve(config: Path, key_dir: Path, stop_timeout: float = STOP_TIMEOUT_S) -> int:
     check_java()
-    store = ServerConfig.read(config).model_store
+    server_config = ServerConfig.read(config)
+    store = server_config.model_store
+    checked = verify_loaded_archives(server_config, store)
+    print(f"archives match their recorded sha256: {', '.join(checked) or 'none loaded'}", flush=True)
     stop = StopRequest()
     # A session of its own: a terminal's Ctrl-C reaches only this process, which then stops TorchServe in order.
     process = subprocess.Popen(

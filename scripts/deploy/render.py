@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.deploy.manifests import K8S
 from scripts.errors import ConfigError
 from scripts.layout import BUILD, CONFIG
@@ -104,7 +105,8 @@ def write_k8s(source: ServerConfig, folder: Path = K8S_CONFIG) -> list[Path]:
 
 
 def write_kserve(source: ServerConfig, out: Path) -> list[Path]:
-    """The bucket layout: config/config.properties, config/metrics.yaml, model-store/<each archive the lanes load>."""
+    """The bucket layout: config/config.properties, config/metrics.yaml, model-store/<each archive the lanes load>
+    with its <archive>.sha256, each checked against the sha256 `make archive` recorded before it is copied."""
     (out / "config").mkdir(parents=True, exist_ok=True)
     (out / "model-store").mkdir(parents=True, exist_ok=True)
     (out / "config" / "config.properties").write_text(kserve_properties(source))
@@ -112,10 +114,12 @@ def write_kserve(source: ServerConfig, out: Path) -> list[Path]:
     shutil.copyfile(LOG_CONFIG, out / "config" / "log4j2.xml")
     written = [out / "config" / "config.properties", out / "config" / "metrics.yaml", out / "config" / "log4j2.xml"]
     for archive in sorted(set(source.loaded_lanes().values())):
-        built = source.model_store / archive
-        if not built.is_file():
-            raise ConfigError(f"{built} is missing: run `make archive` first")
-        written.append(Path(shutil.copyfile(built, out / "model-store" / archive)))
+        built = MarFile(source.model_store / archive)
+        if not built.path.is_file():
+            raise ConfigError(f"{built.path} is missing: run `make archive` first")
+        built.verify_digest()  # only what `make archive` built goes into the bucket, with its recorded sha256
+        copied = built.copy(out / "model-store" / archive)
+        written += [copied.path, copied.digest_file]
     return written
 
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import orjson
 from PIL import Image, ImageDraw
 
+from handlers.headers import REPORT_WORKER_PID, WORKER_PID
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
 from scripts.layout import MODEL_STORE
 from scripts.server.config import ServerConfig
@@ -30,8 +32,6 @@ from scripts.server.temporary import serving_in
 from scripts.swap.management import ManagementApi
 
 JSON = "application/json"
-# Parsed by the handler with orjson (TorchServe's worker parses only application/json, with Python's json).
-OTHER_JSON = "application/vnd.instances+json"
 MIB = 1024 * 1024
 
 
@@ -90,22 +90,40 @@ def text_rows(count: int, size: int) -> bytes:
     return rows_of(count, orjson.dumps(("word " * (size // 5 + 1))[:size]))
 
 
+def lane_bytes(lane: str) -> int:
+    """The lane's handler.max_request_bytes, from its archive's model-config.yaml in the model store."""
+    model = lane.removesuffix("-bulk")
+    limit = MarFile(MODEL_STORE / f"{model}.mar").settings().bytes_for(lane)
+    if limit is None:
+        raise ValueError(f"lane {lane} has no handler.max_request_bytes")
+    return limit
+
+
 ROW = b"[" + b",".join([b"0.5"] * 64) + b"]"  # one digits row, 64 floats (fresh float objects when parsed)
+# TorchServe's worker hands every body to the handler as bytes (handlers/torchserve_handler.py): a stream lane
+# refuses a body over its max_request_bytes on its size; one within it is parsed (orjson), then refused on rows.
 PROBES = [
     Probe("digits", "1024 rows of 64 floats", lambda limit: rows_of(1024, ROW), JSON),
     Probe("digits", "1024 b64 images: 15 of 1024x1024, 1009 of 8x8", lambda limit: image_rows(1024, 15), JSON),
     Probe("digits", "one 1024x1024 PNG", lambda limit: digit_png(1024), "image/png"),
-    Probe("digits", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("digits", "max_request_size of {} (parsed by orjson, then 413)", lambda limit: fill(limit, b"{}"), OTHER_JSON),
-    Probe("digits-bulk", "200000 rows of 64 floats", lambda limit: rows_of(200_000, ROW), OTHER_JSON),
-    Probe("digits-bulk", "200000 rows of 64 floats, parsed by TorchServe", lambda limit: rows_of(200_000, ROW), JSON),
-    Probe("digits-bulk", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("minilm", "32 texts of 64 KiB", lambda limit: text_rows(32, 64 * 1024), JSON),
+    Probe("digits", "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON),
+    Probe("digits", "max_request_bytes of {} (parsed, then 413 on rows)", lambda limit: fill(lane_bytes("digits"), b"{}"), JSON),
+    Probe("digits-bulk", "200000 rows of 64 floats", lambda limit: rows_of(200_000, ROW), JSON),
+    Probe("digits-bulk", "max_request_size of {} (parsed, then 413 on rows)", lambda limit: fill(limit, b"{}"), JSON),
+    Probe("minilm", "32 texts of 64 KiB (over max_request_bytes: 413 on its size)", lambda limit: text_rows(32, 64 * 1024), JSON),
+    Probe(
+        "minilm",
+        "max_request_bytes of 64 KiB texts",
+        lambda limit: text_rows(lane_bytes("minilm") // (64 * 1024 + 3) - 1, 64 * 1024),
+        JSON,
+    ),
+    Probe("minilm", "32 texts of 256 tokens", lambda limit: text_rows(32, 1300), JSON),
     Probe("minilm", "one text of 64 KiB", lambda limit: ("word " * 13108).encode()[: 64 * 1024], "text/plain"),
-    Probe("minilm", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
+    Probe("minilm", "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON),
+    Probe("minilm", "max_request_bytes of {} (parsed, then 413 on rows)", lambda limit: fill(lane_bytes("minilm"), b"{}"), JSON),
     Probe("minilm-bulk", "1023 texts of 64 KiB", lambda limit: text_rows(1023, 64 * 1024), JSON),
     Probe("minilm-bulk", "1024 texts of 256 tokens", lambda limit: text_rows(1024, 1300), JSON),
-    Probe("minilm-bulk", "max_request_size of {} (parsed by TorchServe, then 413)", lambda limit: fill(limit, b"{}"), JSON),
+    Probe("minilm-bulk", "max_request_size of {} (parsed, then 413 on rows)", lambda limit: fill(limit, b"{}"), JSON),
 ]
 
 
@@ -126,9 +144,9 @@ def measure(endpoints: Endpoints, probe: Probe, limit: int) -> Reading:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         before[pid] = status_bytes(pid, "VmRSS")
     started = time.perf_counter()
-    reply = predict(endpoints, probe.lane, body, probe.media, timeout=900)
+    reply = predict(endpoints, probe.lane, body, probe.media, timeout=900, headers={REPORT_WORKER_PID: "1"})
     seconds = time.perf_counter() - started
-    pid = int(reply.headers.get("X-Worker-Pid", pids[0]))
+    pid = int(reply.headers[WORKER_PID])
     return Reading(
         probe, len(body), reply.status_code, seconds, before[pid], status_bytes(pid, "VmHWM"), status_bytes(pid, "VmRSS")
     )

@@ -5,10 +5,14 @@
    read-only (scripts/image_check/pip_settings.py): the CPU torch here, the CUDA one from PyPI elsewhere;
 3. run: detached, as the image's non-root user, the host's network (podman's other network modes need
    privileges this sandbox lacks) with every listener moved to free loopback ports, a new named key volume;
+   The image's size must be at most MAX_IMAGE_BYTES (1.7 GB, the CPU build of torch here; checked last).
 4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root;
-5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; a sentence's embedding
-   equals the in-process core's on the image's own minilm.mar within 1e-5;
-6. stop: `podman stop --time 30` (SIGTERM, SIGKILL after 30 s): exit status 0, in under 30 s, key removed.
+5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; the image's minilm.mar is the
+   tested model_store/minilm.mar (same sha256), and a sentence's embedding equals the in-process core's within 1e-5;
+6. keys: the container runs with keys that expire after 30 s (its own config with token_expiration_min=0.5,
+   mounted); it stays healthy for
+   three minutes past that (the health check renews them), and a request with the renewed key is answered;
+7. stop: `podman stop --time 30` (SIGTERM, SIGKILL after 30 s): exit status 0, in under 30 s, key removed.
 
 Figures go to build/container/image-test.json.
 
@@ -20,15 +24,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from scripts import cli
 from scripts.archive.core import load_core
+from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
 from scripts.container.config import listener_environment
 from scripts.image_check.base import BASE_IMAGE, ensure_base
@@ -36,7 +43,7 @@ from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
 from scripts.image_check.podman import ContainerError, Podman
 from scripts.jobs.runners import InProcessRunner
 from scripts.layout import BUILD, ROOT
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.process import free_ports
 
 IMAGE = "localhost/unified-serve:test"
@@ -51,6 +58,17 @@ STOP_GRACE_S = 30
 KEY_IN_IMAGE = "/keys"
 STOP_LINES = ("SIGTERM: ", "TorchServe stopped", "killing ")  # scripts/container/entrypoint.py's account
 ARCHIVE_IN_IMAGE = "/srv/model_store/minilm.mar"
+IMAGE_CONFIG = "/srv/config.container.properties"
+EXPIRING_CONFIG_IN_IMAGE = "/srv/config.expiring.properties"
+TESTED_ARCHIVE = ROOT / "model_store" / "minilm.mar"
+# The serving image's budget, the CPU build of torch here: measured 1,621,059,730 bytes (docs/container.md: the
+# venv's layer 958 MB, Debian with Java 17 ~580 MB, the archives 84 MB), against 3.24 GB when the tools and tests
+# were in it. Issue 20 asks for 1.5 GB; this guard keeps what was won and fails if the tools creep back.
+MAX_IMAGE_BYTES = 1_700_000_000
+# Keys that expire within a minute, and how long the container must stay healthy after they first expire.
+KEY_LIFETIME_MIN = "0.5"
+HEALTHY_PAST_EXPIRY_S = 180
+HEALTH_INTERVAL_S = 15
 
 
 class ImageTestError(ContainerError):
@@ -66,6 +84,8 @@ class Figures:
     digits_label: int = -1
     digits_score: float = 0.0
     embedding_max_difference: float = 0.0
+    keys_seen: int = 0  # distinct inference keys in the key file while it stayed healthy past their expiry
+    healthy_past_expiry_s: float = 0.0
     stop_s: float = 0.0
     exit_code: int = -1
     stop_log: str = ""  # the entry point's own account of the stop
@@ -110,8 +130,10 @@ def running(podman: Podman) -> Iterator[Container]:
     try:
         keys = Path(podman.inspect("volume", volume)["Mountpoint"])
         environment = [f"--env={key}={value}" for key, value in listener_environment(ports).items()]
-        options = [f"--name={name}", "--network=host", f"--volume={volume}:{KEY_IN_IMAGE}", *environment]
-        podman.run("run", "--detach", *options, IMAGE)
+        config = f"--volume={expiring_config(podman)}:{EXPIRING_CONFIG_IN_IMAGE}:ro"
+        options = [f"--name={name}", "--network=host", f"--volume={volume}:{KEY_IN_IMAGE}", config, *environment]
+        command = ["/srv/.venv/bin/python", "-m", "scripts.container.entrypoint", "--ts-config", EXPIRING_CONFIG_IN_IMAGE]
+        podman.run("run", "--detach", *options, IMAGE, *command, "--key-dir", KEY_IN_IMAGE)
         endpoints = Endpoints(
             inference=f"http://127.0.0.1:{ports['inference']}",
             management=f"http://127.0.0.1:{ports['management']}",
@@ -125,6 +147,19 @@ def running(podman: Podman) -> Iterator[Container]:
     finally:
         podman.run("rm", "--force", name, check=False)
         podman.run("volume", "rm", "--force", volume, check=False)
+
+
+def expiring_config(podman: Podman) -> Path:
+    """The image's own config.properties with keys that expire after KEY_LIFETIME_MIN minutes (TorchServe reads
+    token_expiration_min from the file only: TS_TOKEN_EXPIRATION_MIN in the environment is not applied)."""
+    text = podman.run("run", "--rm", "--entrypoint=cat", IMAGE, IMAGE_CONFIG).stdout
+    changed, count = re.subn(r"(?m)^token_expiration_min=.*$", f"token_expiration_min={KEY_LIFETIME_MIN}", text)
+    if count != 1:
+        raise ImageTestError(f"{IMAGE_CONFIG} in the image has {count} token_expiration_min lines, expected 1")
+    path = WORK / "config.expiring.properties"
+    path.write_text(changed)
+    path.chmod(0o644)  # read by the image's user
+    return path
 
 
 def logs_tail(podman: Podman, name: str, lines: int = 40) -> str:
@@ -166,9 +201,12 @@ def check_embedding(podman: Podman, container: Container, figures: Figures) -> N
     if reply.status_code != 200:
         raise ImageTestError(f"minilm: HTTP {reply.status_code} {reply.text[:500]}")
     served = np.array(reply.json()["embedding"])
-    archive = WORK / "minilm-from-image.mar"
-    podman.run("cp", f"{container.name}:{ARCHIVE_IN_IMAGE}", str(archive))
-    local = InProcessRunner(load_core(archive), archive).send([SENTENCE])
+    served_archive = WORK / "minilm-from-image.mar"
+    podman.run("cp", f"{container.name}:{ARCHIVE_IN_IMAGE}", str(served_archive))
+    tested = MarFile(TESTED_ARCHIVE).verify_digest()
+    if MarFile(served_archive).sha256() != tested:
+        raise ImageTestError(f"the image's {ARCHIVE_IN_IMAGE} is not the tested {TESTED_ARCHIVE} (sha256 {tested})")
+    local = InProcessRunner(load_core(TESTED_ARCHIVE), TESTED_ARCHIVE).send([SENTENCE])
     expected = np.array(local.body["predictions"][0]["embedding"])
     figures.embedding_max_difference = float(np.abs(served - expected).max()) if served.shape == expected.shape else np.inf
     if not figures.embedding_max_difference <= EMBEDDING_TOLERANCE:
@@ -176,6 +214,30 @@ def check_embedding(podman: Podman, container: Container, figures: Figures) -> N
             f"minilm: the served embedding ({served.shape}) differs from the in-process core's ({expected.shape}) "
             f"by {figures.embedding_max_difference:.3g} (allowed {EMBEDDING_TOLERANCE})"
         )
+
+
+def survive_key_expiry(podman: Podman, container: Container, figures: Figures) -> None:
+    """Healthy at every check for HEALTHY_PAST_EXPIRY_S after the first key expired; then answered with the new key."""
+    first = read_key(container.endpoints.key_file, "inference", fresh=True)
+    if first.expires is None or (first.expires - datetime.now(UTC)).total_seconds() > 90:
+        raise ImageTestError(f"the keys do not expire within a minute (token_expiration_min={KEY_LIFETIME_MIN}): {first.expires}")
+    time.sleep(max(0.0, (first.expires - datetime.now(UTC)).total_seconds()) + 1)
+    keys, started = {first.value}, time.monotonic()
+    while (elapsed := time.monotonic() - started) < HEALTHY_PAST_EXPIRY_S:
+        check = podman.run("healthcheck", "run", container.name, check=False, timeout=60)
+        if check.returncode != 0:
+            raise ImageTestError(
+                f"unhealthy {elapsed:.0f}s after the keys first expired ({len(keys)} inference keys so far):\n"
+                f"{check.stdout}{check.stderr}\n{logs_tail(podman, container.name)}"
+            )
+        keys.add(read_key(container.endpoints.key_file, "inference", fresh=True).value)
+        time.sleep(HEALTH_INTERVAL_S)
+    figures.healthy_past_expiry_s = time.monotonic() - started
+    check_digit(container.endpoints, figures)  # the client renews or reads the renewed key from the volume
+    keys.add(read_key(container.endpoints.key_file, "inference", fresh=True).value)
+    figures.keys_seen = len(keys)
+    if figures.keys_seen < 2:
+        raise ImageTestError("the inference key was never renewed although it expired")
 
 
 def stop(podman: Podman, container: Container, figures: Figures) -> None:
@@ -209,10 +271,15 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
             check_non_root(podman, container.name)
             check_digit(container.endpoints, figures)
             check_embedding(podman, container, figures)
+            survive_key_expiry(podman, container, figures)
+            print(f"healthy {figures.healthy_past_expiry_s:.0f}s past key expiry ({figures.keys_seen} keys)", flush=True)
             stop(podman, container, figures)
     finally:
         if not keep_image:
             podman.run("rmi", "--force", IMAGE, check=False)
+    # Checked last, so a run over budget still says whether the image serves.
+    if figures.image_bytes > MAX_IMAGE_BYTES:
+        raise ImageTestError(f"the image is {figures.image_bytes:,} bytes, over its budget of {MAX_IMAGE_BYTES:,}")
     return figures
 
 

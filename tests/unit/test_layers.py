@@ -31,12 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scripts.verify", "scripts.bench", "scripts.image_check", "scripts.gpu", "scripts.streams"),
     ("scripts.hardening",),
 )
-# The serving image (Dockerfile) builds its archives (`make` on the archive files: scripts.archive.build, which
-# imports each model's builder by name) and runs the container's commands.
+# The serving image (Dockerfile) runs the container's commands only: its archives are built and tested outside it.
 IMAGE_COMMANDS = (
-    "scripts.archive.build",
-    "models.digits.archive",
-    "models.minilm.archive",
     "scripts.container.config",
     "scripts.container.entrypoint",
     "scripts.container.healthcheck",

@@ -1,4 +1,4 @@
-"""The pod's own parts against a real TorchServe (the session's digits server): the probes' ping command exactly as
+"""The pod's own parts against a real TorchServe (the session's digits server): the probes' health check exactly as
 deployment.yaml runs it, and the gateway (nginx with deploy/k8s/gateway/) admitting the client token and forwarding
 with the server's key. Only paths and ports differ from the pod: the key file's and TorchServe's, the gateway's."""
 
@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,36 +17,40 @@ import requests
 import yaml
 
 from scripts.deploy.manifests import K8S
+from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
 
 CLIENT_TOKEN = "client-token-for-the-gateway-test"
 INSTALL_NGINX = "install nginx with its njs module: `apt-get install -y nginx libnginx-mod-http-js` (Debian/Ubuntu)"
 
 
-def probe_command(digits_server, key_file: Path) -> list[str]:
+def probe_command(digits_server, key_file: Path, probe: str = "readinessProbe") -> list[str]:
+    """The probe's command as deployment.yaml runs it, on this server's config and key file."""
     deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
     torchserve = deployment["spec"]["template"]["spec"]["containers"][0]
-    command = list(torchserve["readinessProbe"]["exec"]["command"])
-    assert command == torchserve["livenessProbe"]["exec"]["command"] == torchserve["startupProbe"]["exec"]["command"]
-    address = digits_server.endpoints.inference.split("//", 1)[1]
-    command[2] = command[2].replace("/keys/key_file.json", str(key_file)).replace("127.0.0.1:8080", address)
+    command = list(torchserve[probe]["exec"]["command"])
+    command[0] = sys.executable  # the image's python
+    command[command.index("--config") + 1] = str(digits_server.server.config)
+    command[command.index("--key-file") + 1] = str(key_file)
     return command
 
 
 def run_probe(command: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def test_the_probe_passes_with_the_servers_key_and_fails_without_it(digits_server, tmp_path):
-    assert run_probe(probe_command(digits_server, digits_server.endpoints.key_file)).returncode == 0
+def test_the_probes_pass_with_the_servers_key_and_fail_without_it(digits_server, tmp_path):
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        passed = run_probe(probe_command(digits_server, digits_server.endpoints.key_file, probe))
+        assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr
     keys = json.loads(digits_server.endpoints.key_file.read_text())
     keys["inference"]["key"] = "not-the-key"
     wrong = tmp_path / "key_file.json"
     wrong.write_text(json.dumps(keys))
     refused = run_probe(probe_command(digits_server, wrong))
-    assert refused.returncode != 0 and "HTTP Error 400" in refused.stderr  # TorchServe's answer to a wrong key
+    assert refused.returncode != 0 and "HTTP 400" in refused.stderr  # TorchServe's answer to a wrong, unexpired key
     missing = run_probe(probe_command(digits_server, tmp_path / "absent.json"))
-    assert missing.returncode != 0 and "FileNotFoundError" in missing.stderr
+    assert missing.returncode != 0 and "absent.json not found" in missing.stderr
 
 
 def nginx_binary() -> Path:
@@ -105,6 +110,16 @@ def test_the_gateway_admits_the_client_token_and_forwards_with_the_servers_key(g
     assert admitted.status_code == 200, admitted.text
     predictions = admitted.json()["predictions"]
     assert len(predictions) == 2 and all(abs(sum(p["scores"]) - 1) < 1e-5 for p in predictions)
+    # A worker's process id is told only to callers inside the pod that ask; the gateway drops the ask.
+    asked = {"Authorization": f"Bearer {CLIENT_TOKEN}", "X-Report-Worker-Pid": "1"}
+    outside = requests.post(f"{gateway}/predictions/digits", json=instances, headers=asked)
+    assert outside.status_code == 200 and "X-Worker-Pid" not in outside.headers
+    inside = requests.post(
+        digits_server.endpoints.prediction_url("digits"),
+        json=instances,
+        headers={**digits_server.endpoints.auth("inference"), "X-Report-Worker-Pid": "1"},
+    )
+    assert int(inside.headers["X-Worker-Pid"]) > 1
     ping = requests.get(f"{gateway}/ping", headers={"Authorization": f"Bearer {CLIENT_TOKEN}"})
     assert (ping.status_code, ping.json()["status"]) == (200, "Healthy")
     # TorchServe's own key is no client token: it never works from outside the pod.
@@ -113,3 +128,28 @@ def test_the_gateway_admits_the_client_token_and_forwards_with_the_servers_key(g
         refused = requests.post(f"{gateway}/predictions/digits", json=instances, headers=headers)
         assert refused.status_code == 401, headers
         assert refused.json()["type"] == "Unauthorized"
+
+
+def test_a_stream_body_over_its_lanes_byte_limit_is_refused_by_the_gateway_and_by_the_handler(gateway, digits_server):
+    """The same number in both places: nginx cuts the stream route (413 before TorchServe reads the body); sent to
+    TorchServe directly, the handler refuses it before parsing, with a 413 naming handler.max_request_bytes."""
+    limit = 2097152  # models/digits/model-config.yaml handler.max_request_bytes' default
+    body = b'{"instances": [' + b",".join([b"{}"] * ((limit - 14) // 3 + 2)) + b"]}"
+    assert limit < len(body) < limit + 16
+    client = {"Authorization": f"Bearer {CLIENT_TOKEN}", "Content-Type": "application/json"}
+    cut = requests.post(f"{gateway}/predictions/digits", data=body, headers=client, timeout=60)
+    assert cut.status_code == 413
+    direct = requests.post(
+        digits_server.endpoints.prediction_url("digits"),
+        data=body,
+        headers={**digits_server.endpoints.auth("inference"), "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert direct.status_code == 413
+    assert direct.json()["message"] == (
+        f"request body is {len(body)} bytes; lane digits takes at most {limit} bytes per request "
+        "(handler.max_request_bytes): send it to lane digits-bulk (up to 67108864 bytes per request)"
+    )
+    # The bulk route takes it (and the handler refuses its {} rows as rows, not as bytes).
+    bulk = requests.post(f"{gateway}/predictions/digits-bulk", data=body, headers=client, timeout=120)
+    assert bulk.status_code == 413 and "rows" in bulk.json()["message"]

@@ -22,17 +22,21 @@ from scripts.server.temporary import only_lanes_of, serving_in
 from tests.integration.faults.stalling_handler import FOLDER_KEY
 
 HANDLER = Path(__file__).with_name("stalling_handler.py")
-# TorchServe 0.12 takes responseTimeout from the archive's model-config.yaml; short, so a hang ends soon.
-RESPONSE_TIMEOUT = 6
+# TorchServe 0.12 takes responseTimeout from the archive's model-config.yaml for both lanes: the bulk lane's
+# timeout here. The stream lane has its own, shorter one (handler.response_timeout_s, handlers/lane_timeout.py).
+# Short, so a hang ends soon; the stream's long enough that the other tests' stalls end before it.
+RESPONSE_TIMEOUT = 20
+STREAM_TIMEOUT = 10
 # Small, so a test fills a lane's queue with a handful of requests (config.properties' job_queue_size).
 JOB_QUEUE_SIZE = 6
 LANES = ["digits", "digits-bulk"]
 
 
 def stalling_archive(target: Path, stall_folder: Path) -> Path:
-    """digits.mar with a short responseTimeout and stalling_handler.py as its entry point."""
+    """digits.mar with short timeouts (responseTimeout, the stream lane's own) and stalling_handler.py as its entry point."""
     top = {"responseTimeout": RESPONSE_TIMEOUT, FOLDER_KEY: str(stall_folder)}
-    staged = write_variant(MODEL_STORE / "digits.mar", target.with_name("staged.mar"), {}, top)
+    handler = {"response_timeout_s": {"default": STREAM_TIMEOUT, "digits-bulk": None}}
+    staged = write_variant(MODEL_STORE / "digits.mar", target.with_name("staged.mar"), handler, top)
     with zipfile.ZipFile(staged) as old, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:
         for entry in old.infolist():
             data = old.read(entry)

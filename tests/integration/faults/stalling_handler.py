@@ -26,16 +26,16 @@ class StallingHandler(UnifiedHandler):
         self.folder = Path(context.model_yaml_config[FOLDER_KEY])
         self.lane = context.model_name
 
-    def handle(self, data: list[dict], context) -> list[bytes]:
+    def answer_batch(self, data: list[dict], context) -> list[bytes]:
         claimed = self.folder / f"{self.lane}.{self.pid}.claimed"
         try:
             os.rename(self.folder / self.lane, claimed)
         except FileNotFoundError:
-            return super().handle(data, context)  # not armed, or another worker was first
+            return super().answer_batch(data, context)  # not armed, or another worker was first
         deadline = time.monotonic() + float(claimed.read_text())
         claimed.write_text(self.pid)
         stalled = self.folder / f"{self.lane}.stalled"
         os.replace(claimed, stalled)  # appears whole, so a test never reads it half written
         while stalled.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        return super().handle(data, context)
+        return super().answer_batch(data, context)

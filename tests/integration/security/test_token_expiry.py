@@ -21,7 +21,8 @@ from google.protobuf import empty_pb2
 from models.digits.samples import digit_rows, grid_png, held_out, write_jsonl
 from scripts.clients.grpc_client import GrpcClient, bearer
 from scripts.clients.grpc_stubs import inference_pb2_grpc
-from scripts.errors import ConfigError
+from scripts.container import healthcheck
+from scripts.errors import ConfigError, ServerError
 from scripts.jobs.batch_job import JobConfig, run_job
 from scripts.layout import MODEL_STORE
 from scripts.server.config import LaneSettings
@@ -117,3 +118,37 @@ def test_clients_renew_expired_keys_and_a_longer_batch_job_finishes(expiring_ser
     with GrpcClient(e) as client:
         assert client.predict("digits-bulk", grid_png(grids[0]))["label"] == labels[0]
     print(f"\nbatch job of {summary.predicted} rows over keys living {float(LIFETIME_MIN) * 60:.1f} s: {seconds:.1f} s, 0 failed")
+
+
+def test_the_health_check_outlives_expired_keys_and_sees_a_lane_without_workers(expiring_server):
+    """The image's HEALTHCHECK and the pod's probes (scripts/container/healthcheck.py) on this server: across
+    expired keys (renewed through /token), and `--ready` fails while a lane has no worker, which /ping misses."""
+    e = expiring_server.endpoints
+    management = ManagementApi(e)
+    if "digits-bulk" not in [entry["modelName"] for entry in management_models(e)]:
+        management.register("digits-bulk", expiring_server.model_store / "digits.mar", LANE)
+    for _ in range(2):  # twice: each check finds the keys the last one made expired again
+        expired = wait_until_expired(expiring_server, "inference")
+        wait_until_expired(expiring_server, "management")
+        healthcheck.check(expiring_server.config, e.key_file, ready=True)
+        assert raw_keys(expiring_server)["inference"]["key"] != expired
+    scale(e, "digits-bulk", 0)
+    try:
+        healthcheck.check(expiring_server.config, e.key_file)  # /ping: TorchServe still says Healthy
+        with pytest.raises(ServerError, match="lane\\(s\\) without a READY worker: digits-bulk"):
+            healthcheck.check(expiring_server.config, e.key_file, ready=True)
+    finally:
+        scale(e, "digits-bulk", 1)
+    healthcheck.check(expiring_server.config, e.key_file, ready=True)
+
+
+def management_models(endpoints) -> list[dict]:
+    reply = requests.get(f"{endpoints.management}/models", headers=endpoints.auth("management"), timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["models"]
+
+
+def scale(endpoints, lane: str, workers: int) -> None:
+    url = f"{endpoints.management}/models/{lane}?min_worker={workers}&max_worker={workers}&synchronous=true"
+    reply = requests.put(url, headers=endpoints.auth("management"), timeout=180)
+    assert reply.status_code == 200, reply.text

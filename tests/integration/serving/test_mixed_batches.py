@@ -52,7 +52,7 @@ DIGITS_BAD = [
     Bad(
         "value over 16", instances([digits_row(), digits_row(17)]), JSON, 400, "instances[1]: expected 64 values in 0..16, got 17"
     ),
-    Bad("NaN", NAN_JSON, JSON, 400, "got nan"),
+    Bad("NaN", NAN_JSON, JSON, 400, "body is not valid JSON"),
     Bad("row of wrong type", instances(["7"]), JSON, 400, "instances[0]: expected 64 numbers"),
     Bad("b64 not base64", instances([{"b64": "!!"}]), JSON, 400, "b64 is not valid base64"),
     Bad("not an image", NOT_AN_IMAGE, PNG, 400, "not a readable image"),
@@ -72,7 +72,7 @@ MINILM_BAD = [
     Bad("text over the byte limit", b"x" * 65537, TEXT, 413, "over the limit of 65536 bytes"),
     Bad("instance over the byte limit", instances(["ok", "x" * 65537]), JSON, 413, "instances[1]: text is 65537 bytes"),
     Bad("instance not a string", instances([1.5]), JSON, 400, "instances[0]: expected a string, got float"),
-    Bad("lone surrogate", LONE_SURROGATE_JSON, JSON, 400, "instances[0]: text is not valid Unicode"),
+    Bad("lone surrogate", LONE_SURROGATE_JSON, JSON, 400, "body is not valid JSON"),
     Bad("too many rows", rows(33), JSON, 413, "takes at most 32 rows per request (handler.max_request_rows): send it to lane"),
     Bad("invalid JSON", b'{"instances": ["a",', JSON, 400, "not valid JSON"),
     Bad("JSON string", b'"a sentence"', JSON, 400, "got a JSON string"),

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 
 import pytest
 
+from scripts.archive.core import load_core
 from scripts.archive.reader import DigestMismatch, MarFile
-from scripts.layout import MODEL_STORE
+from scripts.deploy.render import write_kserve
+from scripts.layout import MODEL_STORE, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.process import free_ports
 from scripts.server.serve import verify_loaded_archives
@@ -69,3 +73,51 @@ def test_make_serve_checks_every_archive_it_loads(archive, tmp_path):
     (store / "minilm.mar.sha256").write_text("0" * 64 + "  minilm.mar\n")
     with pytest.raises(DigestMismatch, match=f"minilm.mar does not match its recorded sha256: expected {'0' * 64}"):
         verify_loaded_archives(config, store)
+
+
+def tamper(archive: MarFile) -> None:
+    with archive.path.open("ab") as file:
+        file.write(b"\0")
+
+
+def test_the_containers_start_stops_on_a_changed_archive_naming_it(archive, tmp_path):
+    """scripts/container/entrypoint.py checks every archive the config loads before TorchServe starts."""
+    config = ServerConfig.read().render(tmp_path / "config.properties", archive.path.parent, free_ports(), only_digits())
+    tamper(archive)
+    done = subprocess.run(
+        [sys.executable, "-m", "scripts.container.entrypoint", "--ts-config", str(config), "--key-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "digits.mar does not match its recorded sha256" in done.stderr
+    assert not (tmp_path / "key_file.json").exists()  # TorchServe never started
+
+
+def digits_config(archive: MarFile, tmp_path) -> ServerConfig:
+    rendered = ServerConfig.read().render(tmp_path / "digits.properties", archive.path.parent, free_ports(), only_digits())
+    return ServerConfig.read(rendered)
+
+
+def only_digits() -> dict[str, str]:
+    return {"load_models": "digits=digits.mar,digits-bulk=digits.mar"}
+
+
+def test_every_path_that_loads_an_archive_in_process_checks_its_digest(archive, tmp_path):
+    # In-process and Ray batch jobs (scripts/jobs) load through load_core; the KServe bucket through write_kserve.
+    tamper(archive)
+    with pytest.raises(DigestMismatch, match="digits.mar does not match its recorded sha256"):
+        load_core(archive.path)
+    source = digits_config(archive, tmp_path)
+    with pytest.raises(DigestMismatch, match="digits.mar does not match its recorded sha256"):
+        write_kserve(source, tmp_path / "bucket")
+
+
+def test_the_kserve_bucket_carries_each_archive_with_its_recorded_digest(archive, tmp_path):
+    source = digits_config(archive, tmp_path)
+    written = write_kserve(source, tmp_path / "bucket")
+    copied = MarFile(tmp_path / "bucket" / "model-store" / "digits.mar")
+    assert copied.path in written and copied.digest_file in written
+    assert copied.verify_digest() == archive.verify_digest()

@@ -114,3 +114,40 @@ def test_pip_settings_merge_like_pip_install_and_name_local_paths(tmp_path):
 @pytest.mark.parametrize("line", ["no equals sign", "global.cert", "nosection='x'"])
 def test_pip_settings_skip_lines_that_are_not_settings(line):
     assert parse_config_list(line) == {}
+
+
+def test_the_image_serves_the_tested_archives_and_builds_none():
+    """No training or export in the build: the archives `make archive` built come in with their recorded sha256
+    (the entry point checks them at every start), and only the serving layer of the requirements is installed."""
+    text = (ROOT / "Dockerfile").read_text()
+    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY model_store/")]
+    assert copies == [
+        ["model_store/digits.mar", "model_store/digits.mar.sha256", "model_store/minilm.mar", "model_store/minilm.mar.sha256"]
+    ]
+    assert "scripts.archive.build" not in text and "make model_store" not in text and "COPY models/" not in text
+    assert "make venv-serving" in text and "requirements.txt" not in text.replace("requirements-serving.txt", "")
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {"model_store/*.mar", "!model_store/digits.mar", "!model_store/minilm.mar", "models"} <= set(ignored)
+
+
+def test_the_serving_layer_holds_no_tool_or_test_package():
+    serving = {
+        line.split("==")[0].lower() for line in (ROOT / "requirements-serving.txt").read_text().splitlines() if "==" in line
+    }
+    tools = {
+        "pytest",
+        "ruff",
+        "schemathesis",
+        "flask",
+        "litserve",
+        "k6",
+        "matplotlib",
+        "ray[data]",
+        "transformers",
+        "scikit-learn",
+    }
+    assert serving & tools == set()
+    assert {"torch", "torchserve", "orjson", "onnxruntime"} <= serving
+    nodeps = {line.split("==")[0] for line in (ROOT / "requirements-serving-nodeps.txt").read_text().splitlines() if "==" in line}
+    assert nodeps == {"nvgpu", "six", "pynvml", "nvidia-ml-py", "tokenizers"}
+    assert "-r requirements-serving.txt" in (ROOT / "requirements.txt").read_text().splitlines()

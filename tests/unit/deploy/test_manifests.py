@@ -13,6 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
+from handlers.settings import HandlerSettings
+from scripts.archive.reader import MarFile
 from scripts.deploy.manifests import (
     K8S,
     KSERVE,
@@ -24,6 +26,7 @@ from scripts.deploy.manifests import (
     validate_inference_service,
 )
 from scripts.deploy.render import K8S_CONFIG, METRICS, k8s_properties, kserve_properties, write_kserve
+from scripts.layout import ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.prometheus import binary, metric_names
 from tests.unit.monitoring.test_monitoring import declared_series
@@ -242,6 +245,7 @@ def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path
     store.mkdir()
     for name in ("digits.mar", "minilm.mar"):
         (store / name).write_bytes(b"archive " + name.encode())
+        MarFile(store / name).record_digest()  # what `make archive` writes; the bucket takes only recorded archives
     config = ServerConfig.read().render(
         tmp_path / "config.properties",
         store,
@@ -254,7 +258,9 @@ def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path
         "config/log4j2.xml",
         "config/metrics.yaml",
         "model-store/digits.mar",
+        "model-store/digits.mar.sha256",
         "model-store/minilm.mar",
+        "model-store/minilm.mar.sha256",
     ]
     assert (tmp_path / "bucket/model-store/minilm.mar").read_bytes() == b"archive minilm.mar"
 
@@ -262,14 +268,15 @@ def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path
 # -- how the pieces fit ------------------------------------------------------------------------------------------
 
 
-def test_every_probe_of_torchserve_pings_with_the_pods_inference_key(containers, pod_config):
+def test_every_probe_of_torchserve_is_the_images_health_check_and_readiness_asks_every_lane(containers):
     torchserve = containers["torchserve"]
-    port = pod_config.get("inference_address", "").rsplit(":", 1)[1]
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        command = torchserve[probe]["exec"]["command"]
-        assert command[:2] == ["python3", "-c"], probe
-        assert f"http://127.0.0.1:{port}/ping" in command[2] and "/keys/key_file.json" in command[2], probe
-        assert "['inference']['key']" in command[2], probe
+    config = next(arg for arg in torchserve["args"] if arg.endswith("config.properties"))
+    health = ["python", "-m", "scripts.container.healthcheck", "--config", config, "--key-file", "/keys/key_file.json"]
+    # Liveness: TorchServe answers; readiness (and start-up): every lane has a READY worker. The check renews
+    # an expired key through /token, so the probes outlive token_expiration_min.
+    assert torchserve["livenessProbe"]["exec"]["command"] == health
+    assert torchserve["readinessProbe"]["exec"]["command"] == [*health, "--ready"]
+    assert torchserve["startupProbe"]["exec"]["command"] == [*health, "--ready"]
     assert torchserve["workingDir"] == "/keys"  # TorchServe writes key_file.json into its working directory
 
 
@@ -279,7 +286,7 @@ def test_the_gateway_forwards_to_torchserve_within_its_request_limit_and_takes_t
     nginx = (K8S / "gateway" / "nginx.conf").read_text()
     port = pod_config.get("inference_address", "").rsplit(":", 1)[1]
     assert f"server 127.0.0.1:{port};" in nginx
-    size = int(re.search(r"client_max_body_size (\d+)m;", nginx).group(1)) * 2**20
+    size = int(re.search(r"^    client_max_body_size (\d+);", nginx, re.MULTILINE).group(1))
     assert size == pod_config.max_request_size
     env = {variable["name"]: variable for variable in containers["gateway"]["env"]}
     assert env["CLIENT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "unified-serve-client-token", "key": "token"}
@@ -289,6 +296,20 @@ def test_the_gateway_forwards_to_torchserve_within_its_request_limit_and_takes_t
     service = one(K8S / "service.yaml")
     assert service["spec"]["ports"][0]["targetPort"] == gateway_port["name"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_gateway_cuts_each_stream_route_at_its_lanes_byte_limit_and_the_rest_at_max_request_size(pod_config):
+    """One place for the numbers: the archives' handler.max_request_bytes; the gateway repeats them per route."""
+    nginx = (K8S / "gateway" / "nginx.conf").read_text()
+    routes = dict(re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{\s*client_max_body_size (\d+);", nginx))
+    stream = {lane: archive for lane, archive in pod_config.loaded_lanes().items() if not lane.endswith("-bulk")}
+    assert sorted(routes) == sorted(stream)
+    for lane, archive in stream.items():
+        settings = HandlerSettings.from_yaml(
+            yaml.safe_load((ROOT / "models" / archive.removesuffix(".mar") / "model-config.yaml").read_text())
+        )
+        assert int(routes[lane]) == settings.bytes_for(lane)
+        assert settings.bytes_for(f"{lane}-bulk") == pod_config.max_request_size
 
 
 def test_the_pod_runs_as_non_root_on_one_gpu_with_the_model_store_read_only(deployment, containers):

@@ -124,3 +124,33 @@ def test_a_raw_body_of_another_media_type_is_a_415_naming_what_is_read(media):
         read_request({"body": value}, {"body": {"content-type": media}}, DIGITS)
     assert caught.value.code == 415
     assert f"Content-Type {media} is not read here: send one item as image/*, application/octet-stream" in caught.value.message
+
+
+BYTES = RequestLimits("digits", 4, {"digits-bulk": 10}, (), max_bytes=100, lanes_bytes={"digits-bulk": 1000})
+
+
+def test_a_body_over_the_lanes_byte_limit_is_a_413_before_it_is_parsed():
+    # Not JSON at all: the size is refused before any parse could say so.
+    with pytest.raises(RequestError) as caught:
+        read_request({"body": b"{" * 101}, JSON, BYTES)
+    assert (caught.value.code, caught.value.type) == (413, "RequestTooLarge")
+    assert caught.value.message == (
+        "request body is 101 bytes; lane digits takes at most 100 bytes per request (handler.max_request_bytes): "
+        "send it to lane digits-bulk (up to 1000 bytes per request)"
+    )
+    with pytest.raises(RequestError, match="split it into requests of at most 1000 bytes for lane digits-bulk"):
+        read_request({"body": b"x" * 1001}, {}, BYTES)
+
+
+def test_a_body_at_the_byte_limit_is_read():
+    body = b'{"instances": [' + b",".join([b"[" + b",".join([b"1"] * 8) + b"]"] * 4) + b"]}"
+    body += b" " * (100 - len(body))
+    assert len(body) == 100
+    assert read_request({"body": body}, JSON, BYTES) == Payload(items=[[1] * 8] * 4, raw=False)
+
+
+def test_text_sent_as_bytes_is_one_text_unless_it_is_json_instances():
+    # TorchServe's worker hands text/* over as bytes when the handler turns its decoding off.
+    text = {"body": {"content-type": "text/plain; charset=utf-8"}}
+    assert read_request({"body": b"{not json"}, text) == Payload([b"{not json"], raw=True)
+    assert read_request({"body": b'{"instances": ["a"]}'}, text) == Payload(["a"], raw=False)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import socket
+import struct
 from pathlib import Path
 
 import orjson
@@ -12,6 +15,7 @@ import torch
 import yaml
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.protocol import otf_message_handler
 from ts.utils.util import list_classes_from_module
 
 from models.digits.samples import grid_png, held_out
@@ -57,6 +61,31 @@ def handler(digits_model_dir):
 def test_initialize_limits_the_workers_torch_threads_to_the_archives_setting(handler):
     assert handler.core.settings.threads_for("digits") == 1  # make_context serves the digits (stream) lane
     assert torch.get_num_threads() == 1
+
+
+def test_the_worker_hands_every_body_over_as_bytes_once_the_handler_is_initialized(handler):
+    """TorchServe's own worker code reading one request frame from a real socket: after initialize(),
+    an application/json or text/* body is not parsed or decoded, so the handler can check its size first."""
+    assert os.environ["TS_DECODE_INPUT_REQUEST"] == "false"
+    for media, body in (("application/json", b'{"instances": [{}, {}]}'), ("text/plain", "é".encode())):
+        frame = b"".join(struct.pack("!i", len(part)) + part for part in (b"body", media.encode(), body))
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            ours.sendall(frame)
+            value = otf_message_handler._retrieve_input_data(theirs)
+        # Decoding on, these would be a dict and a str.
+        assert isinstance(value["value"], bytearray) and bytes(value["value"]) == body
+
+
+def test_the_worker_pid_is_answered_only_to_a_request_that_asks(handler, digits_model_dir):
+    context = make_context(digits_model_dir, 2, media=["application/json"] * 2)
+    context.request_processor[1] = RequestProcessor({"body": {"content-type": "application/json"}, "x-report-worker-pid": "1"})
+    body = b'{"instances": [' + b",".join([b"0"] * 64).join([b"[", b"]"]) + b"]}"
+    handler.handle([{"body": bytearray(body)}, {"body": bytearray(body)}], context)
+    assert [context.get_response_status(i)[0] for i in range(2)] == [200, 200]
+    assert "X-Worker-Pid" not in context.get_response_headers(0)
+    assert context.get_response_headers(1)["X-Worker-Pid"] == str(os.getpid())
+    assert context.get_response_headers(0)["X-Batch-Requests"] == "2"
 
 
 def test_one_response_per_request_in_order_with_per_request_status(handler, digits_model_dir):

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from models.digits.samples import digit_rows, write_jsonl
+from scripts.archive.reader import MarFile
 from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.jobs.runners import JobError
@@ -30,6 +31,7 @@ def digits_archive(tmp_path_factory, digits_model_dir):
     with zipfile.ZipFile(archive, "w") as mar:
         mar.write(ROOT / "models" / "digits" / "model-config.yaml", "model-config.yaml")
         mar.write(digits_model_dir / "digits.pt2", "digits.pt2")
+    MarFile(archive).record_digest()  # as `make archive` does: in-process jobs load only recorded archives
     return archive
 
 
