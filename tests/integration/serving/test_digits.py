@@ -106,4 +106,4 @@ def test_each_lane_runs_with_its_own_batching(digits_server):
         reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
         [model] = reply.json()
         described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"], len(model["workers"]))
-    assert described == {"digits": (32, 2, 300, 2), "digits-bulk": (4, 50, 300, 1)}
+    assert described == {"digits": (32, 1, 300, 2), "digits-bulk": (4, 50, 300, 1)}
