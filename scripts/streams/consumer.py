@@ -126,8 +126,11 @@ class StreamConsumer:
                 busy = bool(self._futures or self._pending)
                 records = self.broker.poll(min(max(room, 1), self.settings.batch_records), 0.02 if busy else 0.2)
                 now = time.monotonic()
-                if records:
+                if records or busy or room <= 0:
+                    # Idle time counts only with nothing read, nothing in flight and nothing held back: after a
+                    # long outage (TorchServe restarting under load) the first empty poll is not idleness.
                     last_record = now
+                if records:
                     self._take(records)
                 self._dispatch(flush=not records)
                 self._commit()
