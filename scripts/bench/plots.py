@@ -36,10 +36,7 @@ def _throughput(bench: ModelBench, path: Path) -> Path:
     axis.set_ylabel("requests/s (log)")
     axis.set_title(f"{bench.model}: throughput against connections")
     axis.legend(fontsize=8, ncol=2)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def _by_connections(bench: ModelBench, path: Path) -> Path:
@@ -61,10 +58,7 @@ def _by_connections(bench: ModelBench, path: Path) -> Path:
     axis.set_ylabel("latency ms (log)")
     axis.set_title(f"{bench.model}: p50 and p99 against connections")
     axis.legend(fontsize=7, ncol=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def _latency(bench: ModelBench, path: Path) -> Path:
@@ -80,6 +74,10 @@ def _latency(bench: ModelBench, path: Path) -> Path:
     axis.set_ylabel("latency ms (log)")
     axis.set_title(f"{bench.model}: latency against offered load")
     axis.legend(fontsize=8, ncol=2)
+    return _save(figure, path)
+
+
+def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
