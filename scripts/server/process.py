@@ -115,12 +115,14 @@ class Server:
             return False
         return any(worker.get("status") == "READY" for version in reply.json() for worker in version.get("workers", []))
 
-    def restart(self, models: list[str], timeout: float = 180.0) -> None:
+    def restart(self, models: list[str], timeout: float = 180.0, while_stopped: Callable[[], None] | None = None) -> None:
         """Stop this foreground server and start it again on the same ports, config and model store (it writes
-        new tokens into the same key_file.json); returns once `models` are ready."""
+        new tokens into the same key_file.json); returns once `models` are ready. `while_stopped` runs between."""
         if self.process is None:
             raise ServerError("only a server started here in the foreground (a test server) can be restarted")
         stop_process_group(self.process, timeout=30, whole_group=True)
+        if while_stopped is not None:
+            while_stopped()
         self.process = self.start(foreground=True)
         self.wait_ready(models, timeout, self.process)
 

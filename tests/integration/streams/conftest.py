@@ -52,14 +52,16 @@ def topics(broker, request) -> Topics:
     return made
 
 
-def put_digits(topics: Topics, count: int, poison: bool = True) -> dict[str, int]:
-    """`count` held-out digits as records `digit-<n>` (+ the poison records); returns each digit's true label."""
+def put_digits(topics: Topics, count: int, poison: bool = True, part: slice = slice(None)) -> dict[str, int]:
+    """`count` held-out digits as records `digit-<n>` (+ the poison records), or only `part` of that sequence of
+    records; returns every digit's true label."""
     rows = digit_rows(count)
     records = [(f"digit-{n}", orjson.dumps(instance)) for n, instance in enumerate(rows.instances)]
     if poison:
         # Among the digits, not after them: the stream must go on past each.
         for offset, (key, (value, _)) in enumerate(POISON.items()):
             records.insert(min(len(records), (offset + 1) * count // 4), (key, value))
+    records = records[part]
     assert produce(topics.brokers, topics.input, records) == len(records)
     return {f"digit-{n}": label for n, label in enumerate(rows.labels)}
 
