@@ -44,17 +44,3 @@ class Peer:
 def describe(settings: Settings) -> str:
     """`max_batch_size=32, batch_timeout=0.001`: a settings dict as one line for tables and logs."""
     return ", ".join(f"{key}={value}" for key, value in settings.items())
-
-
-def peers() -> list[Peer]:
-    """Every peer, in the report's order: the per-request baseline first, then the batching systems."""
-    from scripts.bench.peers import bentoml_app, flask_app, litserve_app, pytriton_app, ray_serve_app
-
-    return [module.PEER for module in (flask_app, litserve_app, ray_serve_app, bentoml_app, pytriton_app)]
-
-
-def peer(key: str) -> Peer:
-    found = {p.key: p for p in peers()}
-    if key not in found:
-        raise KeyError(f"no peer {key!r}: known {', '.join(found)}")
-    return found[key]
