@@ -203,15 +203,21 @@ def field_section(benches: list[ModelBench], peers: list[Peer], top: int, when: 
         "(user + system seconds of its whole process tree over the requests it answered; the lane and the floor: "
         "TorchServe's frontend and workers):",
         "",
-        "| model | system | settings | req/s at " + f"{top} | server CPU ms per request |",
+        f"| model | system | settings | req/s at {top} connections | server CPU ms per request |",
         "| --- | --- | --- | ---: | ---: |",
     ]
     for bench in benches:
         for name in [LANE, *(peer.name for peer in peers)]:
             run = bench.run(name, top)
-            settings = describe(bench.peer_settings.get(name, {})) or "config.properties"
+            lane = bench.lane
+            settings = describe(bench.peer_settings.get(name, {})) or (
+                f"batchSize {lane.batch_size}, maxBatchDelay {lane.max_batch_delay} ms, {lane.workers} workers"
+            )
             cpu = bench.server_cpu_ms.get(name)
-            rate = cell(run).split(",")[0] if served(run) else cell(run) if name not in bench.failed else "did not run"
+            if name in bench.failed:
+                rate = "did not run"
+            else:
+                rate = f"{run['rps']:,.0f} (p50 {run['p50_ms']:.1f}, p99 {run['p99_ms']:.1f} ms)" if served(run) else cell(run)
             lines.append(f"| {bench.model} | {name} | {settings} | {rate} | {f'{cpu:.3f}' if cpu else '-'} |")
     failed = [(bench.model, name, why) for bench in benches for name, why in bench.failed.items()]
     if failed:
