@@ -7,13 +7,15 @@ Per peer and model, one candidate after the other: start the peer with it, check
 (the lane's answer, computed here in process), run wrk at each number of connections, stop it. The best is the
 candidate with the most req/s at the highest load (the lower p99 on a tie within 3%); `make bench` runs each
 peer with its file's SETTINGS, which a person sets to the best after a sweep (the table says whether they
-match). Writes build/bench/sweep-<peer>.json and, from every such file present, the "peer sweeps" section of
-docs/benchmarks.md. A candidate that fails is a row with its error.
+match; `--report-only` writes the table again from the files, e.g. after SETTINGS changed). Writes
+build/bench/sweep-<peer>.json and, from every such file present, the "peer sweeps" section of docs/benchmarks.md.
+A candidate that fails is a row with its error.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 
@@ -80,7 +82,12 @@ def sweep_peer(subject: Peer, model: str, connections: tuple[int, ...], seconds:
     return trials
 
 
-def section(results: dict[str, dict]) -> str:
+def kept_now(key: str, model: str, settings: dict) -> bool:
+    """Whether `settings` are what `make bench` runs now for this peer and model (its file's SETTINGS)."""
+    return peer(key).settings.get(model) == settings
+
+
+def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = kept_now) -> str:
     """The "peer sweeps" section from every sweep file's results (peer key -> its JSON)."""
     lines = [
         "## Peers' sweeps (issue 21): every setting tried, the best kept",
@@ -98,19 +105,18 @@ def section(results: dict[str, dict]) -> str:
         "| peer | model | settings | " + " | ".join(f"{c} conn: req/s, p50 / p99 ms" for c in _connections(results)) + " | |",
         "| --- | --- | --- | " + " ---: |" * len(_connections(results)) + " --- |",
     ]
-    for data in results.values():
-        lines.insert(
-            2, f"{data['peer']}: run {data['date']}, {data['seconds']:g} s per point after a {data['warmup']:g} s warm-up."
-        )
+    for key, data in results.items():
         for model, trials in data["models"].items():
             top = max(data["connections"])
             chosen = best([Trial(t["settings"], {int(c): r for c, r in t["runs"].items()}, t["failed"]) for t in trials], top)
             for trial in trials:
                 runs = {int(c): r for c, r in trial["runs"].items()}
                 cells = [rivals.cell(runs.get(c)) if not trial["failed"] else "-" for c in _connections(results)]
-                marks = [
-                    m for m, on in (("best", chosen and chosen.settings == trial["settings"]), ("kept", trial["kept"])) if on
-                ]
+                flags = (
+                    ("best", chosen is not None and chosen.settings == trial["settings"]),
+                    ("kept", kept(key, model, trial["settings"])),
+                )
+                marks = [mark for mark, on in flags if on]
                 if trial["failed"]:
                     cells[0] = f"failed: {trial['failed'][:200]}"
                 row = f"| {data['peer']} | {model} | {describe(trial['settings'])} | " + " | ".join(cells)
@@ -130,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: the section again from build/bench's files")
     args = parser.parse_args(argv)
     connections = tuple(sorted(args.connections))
     folder = BUILD / "bench"
     folder.mkdir(parents=True, exist_ok=True)
-    for key in args.peer:
+    for key in [] if args.report_only else args.peer:
         subject = peer(key)
         data = {"peer": subject.name, "date": date.today().isoformat(), "seconds": args.seconds, "warmup": args.warmup,
                 "connections": list(connections), "models": {}}  # fmt: skip
@@ -142,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{subject.name}, {model}", flush=True)
             trials = sweep_peer(subject, model, connections, args.seconds, args.warmup)
             chosen = best(trials, connections[-1])
-            data["models"][model] = [
-                {"settings": t.settings, "runs": t.runs, "failed": t.failed, "kept": t.settings == subject.settings.get(model)}
-                for t in trials
-            ]
+            data["models"][model] = [{"settings": t.settings, "runs": t.runs, "failed": t.failed} for t in trials]
             print(f"  best for {model}: {describe(chosen.settings) if chosen else 'none served'}", flush=True)
         (folder / f"sweep-{key}.json").write_text(json.dumps(data, indent=1))
     results = {p.key: json.loads((folder / f"sweep-{p.key}.json").read_text()) for p in peers()

@@ -107,10 +107,8 @@ PEER = Peer(
     key="litserve",
     batching=True,
     start=start,
-    settings={
-        "digits": _candidates(32)[2],
-        "minilm": _candidates(16)[2],
-    },
+    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+    settings={"digits": _candidates(32)[3], "minilm": _candidates(16)[4]},
     candidates={"digits": _candidates(32), "minilm": _candidates(16)},
 )
 

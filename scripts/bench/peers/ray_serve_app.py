@@ -96,7 +96,8 @@ PEER = Peer(
     key="ray",
     batching=True,
     start=start,
-    settings={"digits": _candidates(32)[0], "minilm": _candidates(16)[0]},
+    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+    settings={"digits": _candidates(32)[2], "minilm": _candidates(16)[1]},
     candidates={"digits": _candidates(32), "minilm": _candidates(16)},
 )
 
