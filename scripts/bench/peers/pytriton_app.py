@@ -140,7 +140,8 @@ PEER = Peer(
     key="pytriton",
     batching=True,
     start=start,
-    settings={"digits": _candidates(32)[0], "minilm": _candidates(16)[0]},
+    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+    settings={"digits": _candidates(32)[2], "minilm": _candidates(16)[0]},
     candidates={"digits": _candidates(32), "minilm": _candidates(16)},
     wrap=wrap,
     unwrap=unwrap,
