@@ -63,6 +63,8 @@ lock: venv
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) --find-links $(TORCH_CPU_WHEELS) -o locks/serving-cpu.txt
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) -o locks/serving-cuda.txt
 	$(VENV)/bin/uv pip compile requirements-serving-nodeps.txt $(LOCK_FOR) --no-deps -o $(NODEPS_LOCK)
+	$(VENV)/bin/uv pip compile requirements-peer-pytriton.txt $(subst manylinux_2_28,manylinux_2_35,$(LOCK_FOR)) \
+		-o locks/peer-pytriton.txt
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
 grpc-stubs: $(GRPC_STUBS)

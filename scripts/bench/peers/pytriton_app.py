@@ -3,8 +3,9 @@
 nvidia-pytriton bundles the Triton server binary; the core runs as a Python inference callable bound with
 `max_batch_size`, a DynamicBatcher (`max_queue_delay_microseconds`) and `instances` copies of the callable
 (each its own core, one torch thread). PyTriton needs numpy<2 while the serving layer pins numpy 2, so it runs
-from its own venv, build/peers/pytriton, made from requirements-peer-pytriton.txt on first use, with the tools
-venv's packages (torch, orjson, tokenizers) after its own on sys.path.
+from its own venv, build/peers/pytriton, made on first use from its lock (locks/peer-pytriton.txt, hashes checked;
+`make lock` writes it from requirements-peer-pytriton.txt), with the tools venv's packages (torch, orjson,
+tokenizers) after its own on sys.path.
 
 Triton speaks the KServe v2 protocol: the lane's JSON body travels as one BYTES element of an input tensor,
 `wrap` puts it there and `unwrap` takes the answer's JSON out of the output tensor.
@@ -29,17 +30,17 @@ from scripts.bench.peers.process import running
 from scripts.layout import BUILD, ROOT
 
 VENV = BUILD / "peers" / "pytriton"
-REQUIREMENTS = ROOT / "requirements-peer-pytriton.txt"
+LOCK = ROOT / "locks" / "peer-pytriton.txt"
 
 
 def ensure_venv() -> Path:
-    """build/peers/pytriton's python, the venv made (once per requirements file) if it is missing."""
+    """build/peers/pytriton's python, the venv made (once per lock) if it is missing."""
     python, stamp = VENV / "bin" / "python", VENV / ".installed"
-    if not (stamp.exists() and stamp.read_text() == REQUIREMENTS.read_text()):
+    if not (stamp.exists() and stamp.read_text() == LOCK.read_text()):
         if not python.exists():
             subprocess.run(["python3.11", "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)], check=True)
-        stamp.write_text(REQUIREMENTS.read_text())
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--require-hashes", "-r", str(LOCK)], check=True)
+        stamp.write_text(LOCK.read_text())
     # The core's packages from the tools venv, after the peer's own (its numpy 1 wins over the tools' numpy 2).
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
