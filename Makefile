@@ -1,5 +1,5 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
-#                           | batch-job | broker | stream | verify | bench | fuzz | soak | gpu-check | image-test | clean
+#                           | batch-job | broker | stream | verify | bench | bench-sweep | fuzz | soak | gpu-check | image-test | clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -35,7 +35,7 @@ TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
 .PHONY: venv venv-serving lock grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job broker stream verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
+	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check image-test test-slow clean
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
@@ -63,6 +63,8 @@ lock: venv
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) --find-links $(TORCH_CPU_WHEELS) -o locks/serving-cpu.txt
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) -o locks/serving-cuda.txt
 	$(VENV)/bin/uv pip compile requirements-serving-nodeps.txt $(LOCK_FOR) --no-deps -o $(NODEPS_LOCK)
+	$(VENV)/bin/uv pip compile requirements-peer-pytriton.txt $(subst manylinux_2_28,manylinux_2_35,$(LOCK_FOR)) \
+		-o locks/peer-pytriton.txt
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
 grpc-stubs: $(GRPC_STUBS)
@@ -179,10 +181,12 @@ stream: model_store/$(MODEL).mar
 # verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
 verify: model_store/digits.mar
 	$(PY) -m scripts.verify.agreement
-# bench: the stream lanes against a no-op floor, batchSize 1, Flask and LitServe under wrk and k6, then
-# 1M-row batch jobs through the bulk lane and in-process against the pipeline ceiling; writes docs/benchmarks.md
-# and docs/bench/*.png (the stream half about 13 minutes here, then the batch jobs). bench-quick: the same with
-# short runs and fewer points (about 5 minutes), no report.
+# bench: the stream lanes against a no-op floor, batchSize 1 and the field (Flask, LitServe, Ray Serve, BentoML,
+# PyTriton, each with the settings its sweep kept) under wrk and k6, then 1M-row batch jobs through the bulk lane
+# and in-process against the pipeline ceiling; writes docs/benchmarks.md and docs/bench/*.png. bench-quick: the
+# same with short runs and fewer points on digits, no report. bench-sweep: each peer's candidate settings, briefly
+# (PEERS="flask ray" for some; build/bench/sweep-<peer>.json and docs/benchmarks.md's "Peers' sweeps").
+PEERS ?= flask litserve ray bentoml pytriton
 bench: archive
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream
@@ -190,6 +194,9 @@ bench: archive
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream --quick --models digits --no-report
+bench-sweep: archive
+	@command -v wrk >/dev/null || { echo "make bench-sweep needs wrk: apt-get install wrk" >&2; exit 2; }
+	$(PY) -m scripts.bench.sweep --peer $(PEERS)
 
 # --- hardening (docs/hardening.md): each starts its own TorchServe on free ports, as verify and bench do ----
 # fuzz: schemathesis on the four prediction lanes from TorchServe's own OpenAPI description (repaired), about

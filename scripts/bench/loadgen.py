@@ -192,7 +192,7 @@ def closed_loop(
         p99_ms=data["p99_us"] / 1000,
         max_ms=data["max_us"] / 1000,
         generator_cpu_s=cpu,
-        extra={"bytes": data["bytes"], "mean_ms": data["mean_us"] / 1000},
+        extra={"bytes": data["bytes"], "mean_ms": data["mean_us"] / 1000, "timeouts": data["timeouts"]},
     )
 
 

@@ -23,6 +23,9 @@ class ModelBench:
     floor_cpu_ms: float = 0.0
     lone: dict[str, dict] = field(default_factory=dict)  # system -> attribution.LoneRequest rows, one connection
     log_bytes: dict[str, float] = field(default_factory=dict)  # bytes written to logs per request, by setting
+    peer_settings: dict[str, dict] = field(default_factory=dict)  # peer -> the settings it ran with
+    server_cpu_ms: dict[str, float] = field(default_factory=dict)  # system -> its server's CPU per request, top load
+    failed: dict[str, str] = field(default_factory=dict)  # peer -> why it has no figures (did not start, wrong answer)
 
     @property
     def ceiling(self) -> float:
@@ -35,6 +38,10 @@ class ModelBench:
 
     def at(self, system: str, connections: int) -> dict:
         return next(r for r in self.closed[system] if r["connections"] == connections)
+
+    def run(self, system: str, connections: int) -> dict | None:
+        """The closed-loop run of `system` at `connections`; None if that system has none (it failed to start)."""
+        return next((r for r in self.closed.get(system, []) if r["connections"] == connections), None)
 
     def connections(self) -> list[int]:
         """The closed loop's connection counts, as the first system ran them (every system runs the same)."""

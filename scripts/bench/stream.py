@@ -11,10 +11,11 @@ one-row JSON body:
     archive with batchSize 1 (TorchServe without dynamic batching); a no-op handler with the lane's
     batching (the transport floor, whose CPU per request under load gives, with the pipeline's, the
     CPU limit); the no-op handler with batchSize 1 (what a lone request costs TorchServe);
-  - Flask + gunicorn, one forward per request; LitServe with its batching on (batch size and timeout
-    as the lane's).
-Closed loop at 1, 2, 4, 8, 16, 32 and 64 connections, then an open-loop sweep of offered rates (fractions
-of the lane's closed-loop rate); for digits also where a lone request's milliseconds go (scripts/bench/
+  - the field (scripts/bench/peers/, run by scripts/bench/rivals.py): Flask + gunicorn, one forward per
+    request; LitServe, Ray Serve, BentoML and PyTriton (Triton) with their batching on, each with the settings
+    its sweep kept (python -m scripts.bench.sweep), each checked to answer as the lane does before timing.
+Closed loop at 1, 4, 16 and 64 connections, then an open-loop sweep of offered rates (fractions of the
+lane's closed-loop rate) on the lane and batchSize 1; for digits also where a lone request's milliseconds go (scripts/bench/
 attribution.py) and the bytes the server's logs grow by per request, at the default log settings and with
 the access log on. Writes build/bench/stream.json, the stream section of docs/benchmarks.md and PNG plots
 in docs/bench/.
@@ -37,22 +38,20 @@ import torch
 from models.digits.samples import digit_rows
 from scripts import cli
 from scripts.archive.variant import write_variant
-from scripts.bench import attribution, loadgen, plots
-from scripts.bench.peers.flask_app import flask_peer
-from scripts.bench.peers.litserve_app import litserve_peer
+from scripts.bench import attribution, loadgen, plots, rivals
 from scripts.bench.peers.noop_handler import build_noop_archive
+from scripts.bench.peers.roster import peers
 from scripts.bench.pipeline import pipeline, server_cpu
 from scripts.bench.report import machine, replace_section
 from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
 from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
 from scripts.server.config import LaneSettings, ServerConfig
-from scripts.server.process import free_port
 from scripts.server.temporary import serving_in
 
 # A one-row request of each model, as an interactive client sends it.
 SENTENCE = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill."
-LANE, BATCH1, FLOOR, FLOOR1, FLASK, LITSERVE = "lane", "batchSize 1", "no-op floor", "no-op batchSize 1", "Flask", "LitServe"
+LANE, BATCH1, FLOOR, FLOOR1, FLASK = "lane", "batchSize 1", "no-op floor", "no-op batchSize 1", "Flask"
 REPORT_DIR = ROOT / "docs" / "bench"
 
 
@@ -60,19 +59,22 @@ REPORT_DIR = ROOT / "docs" / "bench"
 class Plan:
     """How long and how hard: the full run for docs/benchmarks.md, or --quick (under 3 minutes in all)."""
 
-    connections: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-    seconds: float = 4.0
+    # Trimmed for the field (issue 21: five peers in one run under 15 minutes): 1, 4, 16, 64 connections
+    # (was 1-64 in powers of 2), 3 s per point (was 4), the open loop on the TorchServe lanes only.
+    connections: tuple[int, ...] = (1, 4, 16, 64)
+    seconds: float = 3.0
     warmup: float = 1.0
-    rate_fractions: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 1.25)
+    rate_fractions: tuple[float, ...] = (0.25, 0.5, 1.0, 1.25)
     open_seconds: float = 4.0
     lone_seconds: float = 5.0
     server_warmup: float = 3.0  # each TorchServe lane at 64 connections before any measured run
-    open_systems: tuple[str, ...] = (LANE, BATCH1, FLASK, LITSERVE)
+    open_systems: tuple[str, ...] = (LANE, BATCH1)
     pipeline_seconds: float = 3.0
+    access_log: bool = True  # digits: the log bytes per request with the access log on (a TorchServe of its own)
 
 
-QUICK = Plan(connections=(1, 4, 16, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
-             open_systems=(LANE,), pipeline_seconds=1.0, lone_seconds=2.0, server_warmup=2.0)  # fmt: skip
+QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
+             open_systems=(), pipeline_seconds=1.0, lone_seconds=1.0, server_warmup=1.0, access_log=False)  # fmt: skip
 
 
 def request_body(model: str) -> bytes:
@@ -112,12 +114,7 @@ def lanes_config(model: str, lane: LaneSettings) -> dict[str, str]:
 
 
 def closed_runs(target: loadgen.Target, plan: Plan) -> list[dict]:
-    runs = []
-    for connections in plan.connections:
-        result = loadgen.closed_loop(target, connections, plan.seconds, warmup_s=plan.warmup)
-        print(f"    {result.row()}", flush=True)
-        runs.append(asdict(result))
-    return runs
+    return [rivals.closed_run(target, connections, plan.seconds, plan.warmup) for connections in plan.connections]
 
 
 def open_runs(target: loadgen.Target, rates: list[float], plan: Plan) -> list[dict]:
@@ -140,6 +137,7 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
     measured = pipeline(archive, body, lane.batch_size, plan.pipeline_seconds)
     result.pipeline_cpu_ms, result.pipeline_rps_one_thread = measured.cpu_ms_per_request, measured.requests_per_second
     targets: dict[str, loadgen.Target] = {}
+    expected: dict = {}  # the lane's answer: every peer must give the same
     noop = build_noop_archive(workdir / "noop")
     with serving_in(
         workdir / f"torchserve-{model}", {f"{model}.mar": archive, "noop.mar": noop}, lanes_config(model, lane)
@@ -149,15 +147,15 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
         for system, name in names.items():
             targets[system] = loadgen.Target(server.endpoints.prediction_url(name), body, JSON, token)
             if system in (LANE, BATCH1):
-                check_answer(
-                    model, requests.post(targets[system].url, data=body, headers=targets[system].headers(), timeout=60), system
-                )
+                reply = requests.post(targets[system].url, data=body, headers=targets[system].headers(), timeout=60)
+                check_answer(model, reply, system)
+                expected = expected or reply.json()
         for system in (LANE, BATCH1, FLOOR, FLOOR1):  # warm before traffic, as `make serve` does (its JIT, first calls)
             loadgen.closed_loop(targets[system], 64, plan.server_warmup)
         for system in (LANE, BATCH1, FLOOR, FLOOR1):
             print(f"  {system} ({names[system]})", flush=True)
             logs_before = attribution.log_bytes(server.workdir)
-            if system == FLOOR:  # the last (highest) load also charges the server's CPU to the requests it served
+            if system in (FLOOR, LANE):  # the last (highest) load also charges the server's CPU to the requests it served
                 result.closed[system] = closed_runs(targets[system], replace(plan, connections=plan.connections[:-1]))
                 last = plan.connections[-1]
                 loadgen.closed_loop(targets[system], last, plan.warmup)  # warm-up, not charged
@@ -168,8 +166,9 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
                     result.closed[system].append(asdict(run))
                     return run.requests
 
-                result.floor_cpu_ms = server_cpu(server.process.pid, measured).cpu_ms_per_request
-                print(f"    floor CPU per request at {last} connections: {result.floor_cpu_ms:.3f} ms", flush=True)
+                result.server_cpu_ms[system] = server_cpu(server.process.pid, measured).cpu_ms_per_request
+                result.floor_cpu_ms = result.server_cpu_ms.get(FLOOR, 0.0)
+                print(f"    {system} CPU per request at {last} connections: {result.server_cpu_ms[system]:.3f} ms", flush=True)
             else:
                 result.closed[system] = closed_runs(targets[system], plan)
             if system == LANE:
@@ -185,22 +184,11 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
             if system in plan.open_systems:
                 print(f"  {system}: open loop", flush=True)
                 result.open[system] = open_runs(targets[system], rates, plan)
-    if model == "digits":
+    if model == "digits" and plan.access_log:
         result.log_bytes["access log on"] = access_log_bytes(model, archive, lane, body, plan, workdir)
-    peers = {
-        FLASK: lambda port: flask_peer(archive, port, workers=lane.workers),
-        LITSERVE: lambda port: litserve_peer(
-            archive, port, model, lane.batch_size, lane.max_batch_delay / 1000, workers=lane.workers
-        ),
-    }
-    for system, start in peers.items():
-        with start(free_port()) as url:
-            target = loadgen.Target(f"{url}/predictions/{model}", body, JSON)
-            check_answer(model, requests.post(target.url, data=body, headers=target.headers(), timeout=60), system)
-            print(f"  {system}", flush=True)
-            result.closed[system] = closed_runs(target, plan)
-            if system in plan.open_systems:
-                result.open[system] = open_runs(target, rates, plan)
+    for peer in peers():
+        opened = (lambda target: open_runs(target, rates, plan)) if peer.name in plan.open_systems else None
+        rivals.run_peer(peer, model, archive, body, expected, result, plan.connections, plan.seconds, plan.warmup, opened)
     return result
 
 
@@ -228,7 +216,7 @@ class Target:
     """One goal of issues 9 and 22, stated as a ratio or a difference measured in this run."""
 
     name: str
-    value: float
+    value: float | None  # None: not measured (a side completed no request)
     bound: float
     higher_is_better: bool = True
     unit: str = "x"
@@ -236,23 +224,41 @@ class Target:
 
     @property
     def met(self) -> bool:
+        if self.value is None:
+            return False
         return self.value >= self.bound if self.higher_is_better else self.value <= self.bound
 
     def row(self) -> str:
         sign = ">=" if self.higher_is_better else "<="
         verdict = "met" if self.met else "**missed**"
         detail = f" ({self.detail})" if self.detail else ""
-        return f"| {self.name} | {self.value:.2f}{self.unit}{detail} | {sign} {self.bound:g}{self.unit} | {verdict} |"
+        measured = "not measured" if self.value is None else f"{self.value:.2f}{self.unit}"
+        return f"| {self.name} | {measured}{detail} | {sign} {self.bound:g}{self.unit} | {verdict} |"
+
+
+def _unserved(bench: ModelBench, other: str, connections: int) -> str | None:
+    """Why lane vs `other` at `connections` has no figure (a side completed no request), or None."""
+    for system in (LANE, other):
+        if not rivals.served(bench.run(system, connections)):
+            why = "did not run" if system in bench.failed else "no requests completed"
+            return f"{system}: {why}"
+    return None
 
 
 def _p50_over(bench: ModelBench, other: str, bound: float) -> Target:
+    name = f"lane p50 minus {other} p50, 1 connection"
+    if why := _unserved(bench, other, 1):
+        return Target(name, None, bound, False, " ms", why)
     lane, peer = bench.at(LANE, 1)["p50_ms"], bench.at(other, 1)["p50_ms"]
-    return Target(f"lane p50 minus {other} p50, 1 connection", lane - peer, bound, False, " ms", f"{lane:.2f} vs {peer:.2f} ms")
+    return Target(name, lane - peer, bound, False, " ms", f"{lane:.2f} vs {peer:.2f} ms")
 
 
 def _rate_over(bench: ModelBench, other: str, connections: int, bound: float) -> Target:
+    name = f"lane / {other} at {connections} connections"
+    if why := _unserved(bench, other, connections):
+        return Target(name, None, bound, detail=why)
     lane, peer = bench.at(LANE, connections)["rps"], bench.at(other, connections)["rps"]
-    return Target(f"lane / {other} at {connections} connections", lane / peer, bound, detail=f"{lane:,.0f} vs {peer:,.0f} req/s")
+    return Target(name, lane / peer, bound, detail=f"{lane:,.0f} vs {peer:,.0f} req/s")
 
 
 def targets(bench: ModelBench, top: int) -> list[Target]:
@@ -265,7 +271,7 @@ def targets(bench: ModelBench, top: int) -> list[Target]:
             *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
             Target(
                 f"lane / CPU limit at {top} connections",
-                lane["rps"] / bench.cpu_limit,
+                lane["rps"] / bench.cpu_limit if bench.floor_cpu_ms else None,
                 0.8,
                 detail=f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s",
             ),
@@ -289,7 +295,11 @@ def targets(bench: ModelBench, top: int) -> list[Target]:
         _p50_over(bench, FLASK, 2.0),
         *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
         _rate_over(bench, FLASK, top, 1.8),
-        Target(f"lane / in-process pipeline (all cores) at {top} connections", lane["rps"] / bench.ceiling, 0.8),
+        Target(
+            f"lane / in-process pipeline (all cores) at {top} connections",
+            lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None,
+            0.8,
+        ),
     ]
 
 
@@ -301,8 +311,8 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
         "",
         f"Stream lane: {lane.workers} workers of 1 torch thread, batchSize {lane.batch_size}, "
         f"maxBatchDelay {lane.max_batch_delay} ms. "
-        f"Every system serves the same archive's core with {lane.workers} workers of 1 torch thread "
-        f"(LitServe: batch {lane.batch_size}, timeout {lane.max_batch_delay} ms). Body: one row as JSON instances.",
+        f"Every system serves the same archive's core, 1 torch thread per worker or replica, on the same cores; "
+        "each peer's settings are in the field section above. Body: one row as JSON instances.",
         "",
         "Closed loop (wrk): req/s, then p50 / p99 ms, at each number of connections.",
         "",
@@ -310,14 +320,13 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
         "| --- | " + " | ".join("---:" for _ in plan.connections) + " | ---: |",
     ]
     lane_top = bench.at(LANE, top)["rps"]
-    for system, runs in bench.closed.items():
-        cells = []
-        for connections in plan.connections:
-            r = next(run for run in runs if run["connections"] == connections)
-            errors = f", {r['errors']} errors" if r["errors"] else ""
-            cells.append(f"{r['rps']:,.0f}, {r['p50_ms']:.1f} / {r['p99_ms']:.1f}{errors}")
-        ratio = bench.at(system, top)["rps"] / lane_top
-        lines.append(f"| {system} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    for system in [*bench.closed, *(name for name in bench.failed if name not in bench.closed)]:
+        if system in bench.failed:
+            lines.append(f"| {system} | did not run: {bench.failed[system][:300]} |" + " |" * len(plan.connections))
+            continue
+        cells = [rivals.cell(bench.run(system, connections)) for connections in plan.connections]
+        ratio = f"{bench.at(system, top)['rps'] / lane_top:.2f}" if lane_top else "-"
+        lines.append(f"| {system} | " + " | ".join(cells) + f" | {ratio} |")
     lines += [
         "",
         f"In-process pipeline at batch {lane.batch_size}: {bench.pipeline_cpu_ms:.3f} ms CPU per request "
@@ -386,9 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     (BUILD / "bench").mkdir(parents=True, exist_ok=True)
     (BUILD / "bench" / "stream.json").write_text(json.dumps([asdict(b) for b in benches], indent=1))
     text = report(benches, plan)
-    print(text)
+    field = rivals.field_section(benches, peers(), plan.connections[-1], date.today().isoformat())
+    print(text, field, sep="\n\n")
     if not args.no_report:
         replace_section("stream bench", text)
+        replace_section("field targets", field)
     return 0
 
 

@@ -37,7 +37,9 @@ def locked_entries(path) -> list[tuple[str, list[str]]]:
     return entries
 
 
-@pytest.mark.parametrize("lock", ["tools-cpu.txt", "serving-cpu.txt", "serving-cuda.txt", "serving-nodeps.txt"])
+@pytest.mark.parametrize(
+    "lock", ["tools-cpu.txt", "serving-cpu.txt", "serving-cuda.txt", "serving-nodeps.txt", "peer-pytriton.txt"]
+)
 def test_every_locked_package_is_pinned_with_a_sha256(lock):
     entries = locked_entries(LOCKS / lock)
     assert len(entries) >= 5
@@ -54,6 +56,7 @@ def test_every_locked_package_is_pinned_with_a_sha256(lock):
         ("requirements-serving.txt", "serving-cpu.txt"),
         ("requirements-serving.txt", "serving-cuda.txt"),
         ("requirements-serving-nodeps.txt", "serving-nodeps.txt"),
+        ("requirements-peer-pytriton.txt", "peer-pytriton.txt"),
     ],
 )
 def test_every_direct_pin_is_locked_at_its_version(requirements, lock):

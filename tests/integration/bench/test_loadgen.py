@@ -1,5 +1,6 @@
-"""The load generators and the peers against real servers: wrk and k6 on the digits lane, Flask and LitServe
-answering the lane's contract. Short runs: these check the harness works, `make bench` measures."""
+"""The load generators and the peers against real servers: wrk and k6 on the digits lane, the peers answering
+as the lane does (Flask, LitServe and BentoML here; Ray Serve and PyTriton, slower to start, in `make test-slow`).
+Short runs: these check the harness works, `make bench` measures."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import orjson
 import pytest
 import requests
 
-from scripts.bench import loadgen
-from scripts.bench.peers.flask_app import flask_peer
-from scripts.bench.peers.litserve_app import litserve_peer
-from scripts.bench.stream import check_answer, request_body
+from scripts.bench import loadgen, rivals
+from scripts.bench.peers.roster import peer
+from scripts.bench.stream import request_body
 from scripts.layout import JSON, MODEL_STORE
 from scripts.server.process import free_port
 
@@ -42,16 +42,36 @@ def test_k6_open_loop_offers_the_rate_it_was_asked_for(lane):
     assert 0 < result.p50_ms <= result.p99_ms
 
 
-@pytest.mark.parametrize("peer", ["flask", "litserve"])
-def test_the_peers_answer_as_the_lane_does(peer, digits_server):
-    archive = MODEL_STORE / "digits.mar"
+@pytest.mark.parametrize(
+    "key",
+    [
+        "flask",
+        "litserve",
+        "bentoml",
+        pytest.param("ray", marks=pytest.mark.slow),
+        pytest.param("pytriton", marks=pytest.mark.slow),
+    ],
+)
+def test_the_peers_answer_as_the_lane_does(key, digits_server):
+    subject = peer(key)
     body = request_body("digits")
-    start = flask_peer(archive, free_port()) if peer == "flask" else litserve_peer(archive, free_port(), "digits", 32, 0.002)
     endpoints = digits_server.endpoints
     expected = requests.post(
         endpoints.prediction_url("digits"), data=body, headers={**endpoints.auth("inference"), "Content-Type": JSON}
-    )
-    with start as url:
-        reply = requests.post(f"{url}/predictions/digits", data=body, headers={"Content-Type": JSON}, timeout=60)
-    check_answer("digits", reply, peer)
-    assert orjson.loads(reply.content)["predictions"][0]["label"] == expected.json()["predictions"][0]["label"]
+    ).json()
+    with subject.start(MODEL_STORE / "digits.mar", free_port(), "digits", subject.settings_for("digits")) as url:
+        reply = requests.post(url, data=subject.wrap(body), headers={"Content-Type": JSON}, timeout=60)
+        wrong = requests.post(url, data=subject.wrap(request_body("minilm")), headers={"Content-Type": JSON}, timeout=60)
+    assert reply.status_code == 200
+    answer = subject.unwrap(orjson.loads(reply.content))
+    assert rivals.same_answer("digits", expected, answer) is None
+    assert answer["predictions"][0]["label"] == expected["predictions"][0]["label"]
+    # A sentence is not a digits row: whatever the peer's status, its answer is not a prediction of the lane's.
+    assert rivals.same_answer("digits", expected, subject.unwrap(_json(wrong))) is not None
+
+
+def _json(reply: requests.Response):
+    try:
+        return orjson.loads(reply.content)
+    except orjson.JSONDecodeError:
+        return reply.text
