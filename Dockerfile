@@ -9,13 +9,25 @@
 # needs the NVIDIA driver and container toolkit). `make image-test` builds from a local Debian base instead,
 # with the CPU wheel.
 ARG BASE=python:3.11-slim-bookworm
-FROM ${BASE}
 
-# Java 17 for TorchServe's frontend, tini as PID 1, make for the venv's recipe. Pinned to their release series:
-# Debian's archive keeps only the newest point release, so an exact version would stop building.
+# Java 17 for TorchServe's frontend as a runtime of only the modules it uses (jlink: 51 MB against the Debian
+# JRE's 184 MB plus its dependencies). The modules: `jdeps --print-module-deps` over model-server.jar's classes
+# (docs/container.md says how), plus jdk.crypto.ec (TLS), jdk.management (the JVM's metrics) and jdk.jfr with
+# jdk.jcmd (Flight Recorder: `jcmd <pid> JFR.start`, docs/benchmarks.md). Pinned to the release series: Debian's
+# archive keeps only the newest point release, so an exact version would stop building.
+FROM ${BASE} AS java
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jre-headless=17.* tini=0.19.* make=4.* \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless=17.* \
+    && jlink --output /opt/java --strip-debug --no-man-pages --no-header-files --compress=2 --add-modules \
+       java.base,java.compiler,java.desktop,java.management.rmi,java.naming,java.prefs,java.scripting,java.sql,jdk.sctp,jdk.unsupported,jdk.crypto.ec,jdk.management,jdk.jfr,jdk.jcmd
+
+FROM ${BASE}
+# tini as PID 1, make for the venv's recipe (their release series pinned, as above); Java from the stage above.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini=0.19.* make=4.* \
+    && rm -rf /var/lib/apt/lists/* /usr/share/man/*
+COPY --from=java /opt/java /opt/java
+ENV JAVA_HOME=/opt/java
 
 # The server runs as this user; /srv (code, venv, archives) stays root's and read-only to it. It may write
 # only the key volume (key_file.json) and its logs.
@@ -25,13 +37,21 @@ RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin tor
 
 WORKDIR /srv
 ENV PIP_NO_CACHE_DIR=1
-# The serving layer, installed by the Makefile's own recipe (a layer of its own: kept while it is unchanged).
-# torch's C++ tests, headers and test binaries (test/, include/, bin/ but torch_shm_manager, which `import torch`
-# checks for: ~195 MB) serve nothing: AOTInductor archives are compiled where they are built.
-COPY requirements-serving.txt requirements-serving-nodeps.txt Makefile ./
-RUN make venv-serving PYTHON=python3.11 \
+# The serving layer from its hash-checked lock (locks/, `make lock`), installed by the Makefile's own recipe (a
+# layer of its own: kept while the lock is unchanged). SERVING_LOCK: PyPI's CUDA build of torch by default;
+# `make image-test` takes the CPU lock. torch's C++ tests, headers and test binaries (test/, include/, bin/ but
+# torch_shm_manager, which `import torch` checks for: ~195 MB) serve nothing: AOTInductor archives are compiled
+# where they are built. Nor do pip, setuptools and wheel once the venv is made (22 MB; TorchServe installs no
+# per-model packages: install_py_dep_per_model=false). pip's bytecode goes too (169 MB): scripts.container.precompile
+# writes back only what serving imports, below.
+ARG SERVING_LOCK=locks/serving-cuda.txt
+COPY Makefile ./
+COPY locks/serving-cuda.txt locks/serving-cpu.txt locks/serving-nodeps.txt locks/
+RUN make venv-serving PYTHON=python3.11 SERVING_LOCK=${SERVING_LOCK} \
     && rm -rf .venv/lib/python3.11/site-packages/torch/test .venv/lib/python3.11/site-packages/torch/include \
-    && find .venv/lib/python3.11/site-packages/torch/bin -type f ! -name torch_shm_manager -delete
+    && find .venv/lib/python3.11/site-packages/torch/bin -type f ! -name torch_shm_manager -delete \
+    && .venv/bin/python -m pip uninstall --yes --quiet setuptools wheel pip \
+    && find .venv -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Only what serving needs (tests/unit/test_layers.py checks it): the handler, the archive reader, the server's
 # config and process, the container's commands, TorchServe's config files. No model build code, no tools
@@ -46,10 +66,10 @@ COPY scripts/container/ scripts/container/
 # The tested archives and their recorded sha256 (the entry point checks them before TorchServe starts; a
 # model store mounted over /srv/model_store is checked the same way). No training or export here.
 COPY model_store/digits.mar model_store/digits.mar.sha256 model_store/minilm.mar model_store/minilm.mar.sha256 model_store/
-# The container's config.properties, rendered from the repository's.
-RUN .venv/bin/python -m scripts.container.config
+# The container's config.properties, rendered from the repository's; then the bytecode of what serving imports.
+RUN .venv/bin/python -m scripts.container.config && .venv/bin/python -m scripts.container.precompile
 
-ENV PATH=/srv/.venv/bin:$PATH \
+ENV PATH=/srv/.venv/bin:/opt/java/bin:$PATH \
     LOG_LOCATION=/var/log/torchserve \
     METRICS_LOCATION=/var/log/torchserve
 VOLUME ["/keys"]

@@ -4,11 +4,16 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-SERVING_FILES := requirements-serving.txt requirements-serving-nodeps.txt
-STAMP := $(VENV)/.installed-$(shell cat $(SERVING_FILES) requirements.txt | sha1sum | cut -c1-12)
-SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(SERVING_FILES) | sha1sum | cut -c1-12)
-# pip itself, pinned like everything else (the venv's own pip is whatever python3.11 -m venv brings).
-PIP := pip==26.3
+# Dependencies: requirements*.txt name the direct pins by layer; locks/ holds what pip installs, every package
+# pinned with its sha256 (`make lock` writes them with uv; pip installs them with --require-hashes). CPU locks take
+# torch's CPU wheel (here from /opt/wheels; elsewhere TORCH_CPU_WHEELS=https://download.pytorch.org/whl/cpu/torch);
+# the image's default serving lock is PyPI's CUDA build (docs/architecture.md §6).
+TOOLS_LOCK := locks/tools-cpu.txt
+SERVING_LOCK ?= locks/serving-cpu.txt
+NODEPS_LOCK := locks/serving-nodeps.txt
+STAMP := $(VENV)/.installed-$(shell cat $(TOOLS_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
+SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(SERVING_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
+HASHED := --quiet --require-hashes
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
 MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
@@ -29,26 +34,35 @@ BROKERS ?= 127.0.0.1:19092
 TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
-.PHONY: venv venv-serving grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
+.PHONY: venv venv-serving lock grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
 	swap rollback batch-job broker stream verify bench bench-quick fuzz soak gpu-bundle gpu-check image-test test-slow clean
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
 # venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): $(SERVING_FILES) requirements.txt
+$(STAMP): $(TOOLS_LOCK) $(NODEPS_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP)
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
+	$(PY) -m pip install $(HASHED) -r $(TOOLS_LOCK)
+	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
 	@rm -f $(VENV)/.installed-* && touch $@
 venv-serving: $(SERVING_STAMP)
-$(SERVING_STAMP): $(SERVING_FILES)
+$(SERVING_STAMP): $(SERVING_LOCK) $(NODEPS_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP)
-	$(PY) -m pip install --quiet -r requirements-serving.txt
-	$(PY) -m pip install --quiet --no-deps -r requirements-serving-nodeps.txt
+	$(PY) -m pip install $(HASHED) -r $(SERVING_LOCK)
+	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
 	@rm -f $(VENV)/.installed-* && touch $@
+
+# lock: after changing a requirements*.txt, rewrite locks/ (uv resolves for Linux x86_64, Python 3.11; the CUDA
+# serving lock from PyPI alone). Commit the requirements and the locks together.
+TORCH_CPU_WHEELS ?= /opt/wheels
+LOCK_FOR := --python-version 3.11 --python-platform x86_64-manylinux_2_28 --generate-hashes --native-tls --quiet \
+	--custom-compile-command "make lock"
+lock: venv
+	$(VENV)/bin/uv pip compile requirements.txt $(LOCK_FOR) --find-links $(TORCH_CPU_WHEELS) -o $(TOOLS_LOCK)
+	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) --find-links $(TORCH_CPU_WHEELS) -o locks/serving-cpu.txt
+	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) -o locks/serving-cuda.txt
+	$(VENV)/bin/uv pip compile requirements-serving-nodeps.txt $(LOCK_FOR) --no-deps -o $(NODEPS_LOCK)
 
 # gRPC stubs are generated from the installed TorchServe's model-server.jar, never committed.
 grpc-stubs: $(GRPC_STUBS)

@@ -44,19 +44,17 @@ class RequestLimits:
 
     def check_bytes(self, size: int) -> None:
         """Before the body is parsed: JSON of many small items costs tens of times its size as Python objects."""
-        if self.max_bytes is None or size <= self.max_bytes:
-            return
-        raise too_large(
-            f"request body is {size} bytes; lane {self.lane} takes at most {self.max_bytes} bytes per request "
-            f"(handler.max_request_bytes): {_instead(self.lane, self.max_bytes, self.lanes_bytes, size, 'bytes')}"
-        )
+        self._check(size, self.max_bytes, self.lanes_bytes, "body is", "bytes", "handler.max_request_bytes")
 
     def check_rows(self, count: int) -> None:
-        if self.max_rows is None or count <= self.max_rows:
+        self._check(count, self.max_rows, self.lanes_rows, "has", "rows", "handler.max_request_rows")
+
+    def _check(self, count: int, limit: int | None, lanes: Mapping[str, int | None], verb: str, unit: str, option: str) -> None:
+        if limit is None or count <= limit:
             return
         raise too_large(
-            f"request has {count} rows; lane {self.lane} takes at most {self.max_rows} rows per request "
-            f"(handler.max_request_rows): {_instead(self.lane, self.max_rows, self.lanes_rows, count, 'rows')}"
+            f"request {verb} {count} {unit}; lane {self.lane} takes at most {limit} {unit} per request "
+            f"({option}): {_instead(self.lane, limit, lanes, count, unit)}"
         )
 
     def check_raw_media(self, media: str) -> None:

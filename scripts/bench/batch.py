@@ -29,6 +29,7 @@ from handlers.decoding import Payload
 from models.digits.samples import digit_rows, write_jsonl
 from scripts import cli
 from scripts.archive.core import load_core
+from scripts.bench.pipeline import Timed
 from scripts.bench.report import REPORT, machine, replace_section
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import PREFETCH_CUDA, JobConfig, JobSummary, run_job
@@ -44,14 +45,11 @@ CEILING_CHUNKS = 20
 
 
 @dataclass(frozen=True)
-class Ceiling:
-    rows: int
-    seconds: float
-    threads: int
+class Ceiling(Timed):
+    """`count` rows through the core in `seconds`, on `threads` torch threads."""
 
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows / self.seconds
+    threads: int = 1
+    rows_per_second = Timed.per_second
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def pipeline_ceiling(archive: Path, rows: int, chunk_size: int) -> Ceiling:
         chunk = chunks[(done // chunk_size) % len(chunks)][: rows - done]
         core.predict(chunk)
         done += len(chunk)
-    return Ceiling(done, time.perf_counter() - started, torch.get_num_threads())
+    return Ceiling(done, time.perf_counter() - started, threads=torch.get_num_threads())
 
 
 @contextmanager
@@ -188,7 +186,7 @@ def write_report(result: BenchResult) -> None:
                 f"{result.in_process.predicted:,} |",
                 f"| ceiling: the core alone over pre-decoded chunks of {result.chunk_size}, "
                 f"{result.ceiling.threads} torch threads | "
-                f"{result.ceiling.rows:,} | {ceiling:,.0f} | {result.ceiling.seconds:.1f} | |",
+                f"{result.ceiling.count:,} | {ceiling:,.0f} | {result.ceiling.seconds:.1f} | |",
                 "",
                 f"In-process / ceiling: {serial_share:.2f} with `--prefetch 0`, {share:.2f} with `--prefetch {result.prefetch}` "
                 f"(target >= {CEILING_TARGET:g}: {'met' if share >= CEILING_TARGET else '**missed**'}). Resident memory grew by "

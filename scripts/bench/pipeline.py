@@ -22,21 +22,30 @@ from handlers.decoding import read_body
 from scripts.archive.core import load_core
 
 
-@dataclass(frozen=True)
-class PipelineResult:
-    batch: int
-    requests: int
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """`count` things (requests, rows) done in `seconds` of wall clock."""
+
+    count: int
     seconds: float
-    cpu_s: float
 
     @property
-    def requests_per_second(self) -> float:
-        """On one thread, wall clock."""
-        return self.requests / self.seconds
+    def per_second(self) -> float:
+        """The wall-clock rate (requests/s, rows/s)."""
+        return self.count / self.seconds
+
+
+@dataclass(frozen=True)
+class PipelineResult(Timed):
+    """`count` requests in batches of `batch`, on one thread; `cpu_s` of this process's CPU."""
+
+    batch: int = 1
+    cpu_s: float = 0.0
+    requests_per_second = Timed.per_second
 
     @property
     def cpu_ms_per_request(self) -> float:
-        return self.cpu_s / self.requests * 1000
+        return self.cpu_s / self.count * 1000
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ def pipeline(archive: Path, body: bytes, batch: int, seconds: float = 3.0, threa
         while time.perf_counter() - started < seconds:
             one_batch()
             calls += 1
-        return PipelineResult(batch, calls * batch, time.perf_counter() - started, _own_cpu() - cpu_before)
+        return PipelineResult(calls * batch, time.perf_counter() - started, batch=batch, cpu_s=_own_cpu() - cpu_before)
     finally:
         torch.set_num_threads(previous)
 

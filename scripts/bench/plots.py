@@ -40,40 +40,30 @@ def _throughput(bench: ModelBench, path: Path) -> Path:
 
 
 def _by_connections(bench: ModelBench, path: Path) -> Path:
-    figure, axis = plt.subplots(figsize=(9, 4.5))
-    for system, runs in bench.closed.items():
-        connections = [run["connections"] for run in runs]
-        (line,) = axis.plot(connections, [run["p99_ms"] for run in runs], marker="o", label=f"{system} p99")
-        axis.plot(
-            connections,
-            [run["p50_ms"] for run in runs],
-            marker=".",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{system} p50",
-        )
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log")
-    axis.set_xlabel("connections (closed loop, wrk)")
-    axis.set_ylabel("latency ms (log)")
-    axis.set_title(f"{bench.model}: p50 and p99 against connections")
-    axis.legend(fontsize=7, ncol=3)
-    return _save(figure, path)
+    axes = ("connections", "connections (closed loop, wrk)", "p50 and p99 against connections", True)
+    return _percentiles(bench.model, bench.closed, axes, path)
 
 
 def _latency(bench: ModelBench, path: Path) -> Path:
+    axes = ("offered_rps", "offered requests/s (open loop, k6)", "latency against offered load", False)
+    return _percentiles(bench.model, bench.open, axes, path)
+
+
+def _percentiles(model: str, by_system: dict[str, list[dict]], axes: tuple[str, str, str, bool], path: Path) -> Path:
+    """p99 (solid) and p50 (dashed, same colour) of every system against `axes`' x: (run key, label, title, log2 x)."""
+    key, xlabel, title, log_x = axes
     figure, axis = plt.subplots(figsize=(9, 4.5))
-    for system, runs in bench.open.items():
-        rates = [run["offered_rps"] for run in runs]
-        (line,) = axis.plot(rates, [run["p99_ms"] for run in runs], marker="o", label=f"{system} p99")
-        axis.plot(
-            rates, [run["p50_ms"] for run in runs], marker=".", linestyle="--", color=line.get_color(), label=f"{system} p50"
-        )
+    for system, runs in by_system.items():
+        xs = [run[key] for run in runs]
+        (line,) = axis.plot(xs, [run["p99_ms"] for run in runs], marker="o", label=f"{system} p99")
+        axis.plot(xs, [run["p50_ms"] for run in runs], marker=".", linestyle="--", color=line.get_color(), label=f"{system} p50")
+    if log_x:
+        axis.set_xscale("log", base=2)
     axis.set_yscale("log")
-    axis.set_xlabel("offered requests/s (open loop, k6)")
+    axis.set_xlabel(xlabel)
     axis.set_ylabel("latency ms (log)")
-    axis.set_title(f"{bench.model}: latency against offered load")
-    axis.legend(fontsize=8, ncol=2)
+    axis.set_title(f"{model}: {title}")
+    axis.legend(fontsize=7, ncol=3)
     return _save(figure, path)
 
 

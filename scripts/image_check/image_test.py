@@ -5,7 +5,7 @@
    read-only (scripts/image_check/pip_settings.py): the CPU torch here, the CUDA one from PyPI elsewhere;
 3. run: detached, as the image's non-root user, the host's network (podman's other network modes need
    privileges this sandbox lacks) with every listener moved to free loopback ports, a new named key volume;
-   The image's size must be at most MAX_IMAGE_BYTES (1.7 GB, the CPU build of torch here; checked last).
+   The image's size must be at most MAX_IMAGE_BYTES (1.5 GB, the CPU build of torch here; checked last).
 4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root;
 5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; the image's minilm.mar is the
    tested model_store/minilm.mar (same sha256), and a sentence's embedding equals the in-process core's within 1e-5;
@@ -64,7 +64,9 @@ TESTED_ARCHIVE = ROOT / "model_store" / "minilm.mar"
 # The serving image's budget, the CPU build of torch here: measured 1,621,059,730 bytes (docs/container.md: the
 # venv's layer 958 MB, Debian with Java 17 ~580 MB, the archives 84 MB), against 3.24 GB when the tools and tests
 # were in it. Issue 20 asks for 1.5 GB; this guard keeps what was won and fails if the tools creep back.
-MAX_IMAGE_BYTES = 1_700_000_000
+MAX_IMAGE_BYTES = 1_500_000_000
+# The serving layer's lock for this machine: torch's CPU wheel (the Dockerfile's default is PyPI's CUDA build).
+SERVING_LOCK = "locks/serving-cpu.txt"
 # Keys that expire within a minute, and how long the container must stay healthy after they first expire.
 KEY_LIFETIME_MIN = "0.5"
 HEALTHY_PAST_EXPIRY_S = 180
@@ -110,6 +112,7 @@ def build_image(podman: Podman, base: str, no_cache: bool) -> float:
         "--format=docker",  # OCI images drop HEALTHCHECK
         "--network=host",
         f"--build-arg=BASE={base}",
+        f"--build-arg=SERVING_LOCK={SERVING_LOCK}",
         *volumes,
         *(["--no-cache"] if no_cache else []),
         f"--tag={IMAGE}",

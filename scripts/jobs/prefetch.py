@@ -84,18 +84,11 @@ def prefetched(items: Iterator[Any], prepare: Callable[[Any], Prepared], depth: 
     def fill() -> None:
         try:
             for item in items:
-                prepared = prepare(item)
-                while not stop.is_set():
-                    try:
-                        ready.put(prepared, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not _put(ready, stop, prepare(item)):
                     return
-            _put_final(ready, stop, _END)
+            _put(ready, stop, _END)
         except BaseException as error:  # noqa: BLE001 - handed to the consumer, which raises it
-            _put_final(ready, stop, error)
+            _put(ready, stop, error)
 
     thread = threading.Thread(target=fill, name="prefetch", daemon=True)
     thread.start()
@@ -112,13 +105,15 @@ def prefetched(items: Iterator[Any], prepare: Callable[[Any], Prepared], depth: 
         thread.join()
 
 
-def _put_final(ready: queue.Queue, stop: threading.Event, item: Any) -> None:
+def _put(ready: queue.Queue, stop: threading.Event, item: Any) -> bool:
+    """Hand `item` to the consumer, waiting while the queue is full; False once the consumer has stopped."""
     while not stop.is_set():
         try:
             ready.put(item, timeout=0.1)
-            return
+            return True
         except queue.Full:
             continue
+    return False
 
 
 def _located(error: RequestError, size: int) -> tuple[int, str]:

@@ -50,7 +50,10 @@ def test_hadolint_does_fail_a_bad_dockerfile(tmp_path):
 
 def test_dockerfile_runs_the_server_as_a_non_root_user_under_tini_with_the_key_volume():
     steps = instructions()
-    assert steps[0] == ("ARG", "BASE=python:3.11-slim-bookworm") and steps[1] == ("FROM", "${BASE}")
+    assert steps[0] == ("ARG", "BASE=python:3.11-slim-bookworm")
+    # Two stages on the same base: a jlinked Java runtime, then the image, which takes only that runtime.
+    assert [args for name, args in steps if name == "FROM"] == ["${BASE} AS java", "${BASE}"]
+    assert ("COPY", "--from=java /opt/java /opt/java") in steps and ("ENV", "JAVA_HOME=/opt/java") in steps
     user = [args for name, args in steps if name == "USER"]
     assert user and user[-1].split(":")[0] not in ("0", "root")
     assert ("VOLUME", f'["{KEY_DIR}"]') in steps
