@@ -105,7 +105,7 @@ def burst_lane(lanes: list[str]) -> str | None:
     return next((lane for lane in stream if lane.startswith("digits")), stream[0] if stream else None)
 
 
-def warm_up(endpoints: Endpoints, lanes: list[str], seconds: float = 4.0, burst_seconds: float = 10.0) -> list[WarmUp]:
+def warm_up(endpoints: Endpoints, lanes: list[str], seconds: float = 4.0, burst_seconds: float = 8.0) -> list[WarmUp]:
     """The JIT burst (where wrk is installed), then every stream lane for `seconds` and every bulk lane for a
     tenth of it (a few requests for its worker)."""
     warmed = []
