@@ -78,4 +78,3 @@ def test_the_archived_config_names_the_built_file_and_keeps_the_rest(model):
     assert {k: v for k, v in changed.items() if k not in ("format", "handler")} == {
         k: v for k, v in original.items() if k not in ("format", "handler")
     }
-
