@@ -17,7 +17,7 @@ ARG BASE=python:3.11-slim-bookworm
 # archive keeps only the newest point release, so an exact version would stop building.
 FROM ${BASE} AS java
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless=17.* \
+    && apt-get install -y --no-install-recommends openjdk-17-jdk-headless=17.* binutils=2.* \
     && jlink --output /opt/java --strip-debug --no-man-pages --no-header-files --compress=2 --add-modules \
        java.base,java.compiler,java.desktop,java.management.rmi,java.naming,java.prefs,java.scripting,java.sql,jdk.sctp,jdk.unsupported,jdk.crypto.ec,jdk.management,jdk.jfr,jdk.jcmd
 

@@ -30,6 +30,10 @@ DEFAULT_LANE = "default"
 class HandlerSettings:
     task: str
     model_file: str
+    # Rows per forward pass on this lane: in model-config.yaml one number for every lane, or per lane like
+    # torch_threads ({lane: number, default: number}); from_yaml resolves it for the lane it reads for. Rows of
+    # one pass are its activations: a stream lane keeps passes small (a worker's peak memory), a bulk lane
+    # large (its throughput).
     max_batch_rows: int = 256
     precision: str = "fp32"
     # Run every micro-batch at exactly max_batch_rows rows (zero-padded), so a row's result does not
@@ -58,8 +62,9 @@ class HandlerSettings:
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_yaml(cls, model_yaml_config: Mapping[str, Any] | None) -> HandlerSettings:
-        """Build from TorchServe's parsed model-config.yaml (context.model_yaml_config)."""
+    def from_yaml(cls, model_yaml_config: Mapping[str, Any] | None, lane: str | None = None) -> HandlerSettings:
+        """Build from TorchServe's parsed model-config.yaml (context.model_yaml_config), for `lane` (TorchServe's
+        model name; None: the `default` entries, as an in-process core runs)."""
         section = (model_yaml_config or {}).get("handler")
         if not isinstance(section, Mapping):
             raise SettingsError("model-config.yaml has no 'handler:' section; it must name at least task and model_file")
@@ -69,7 +74,7 @@ class HandlerSettings:
         settings = cls(
             task=str(section["task"]),
             model_file=str(section["model_file"]),
-            max_batch_rows=section.get("max_batch_rows", cls.max_batch_rows),
+            max_batch_rows=_rows_per_pass(section.get("max_batch_rows", cls.max_batch_rows), lane),
             precision=str(section.get("precision", cls.precision)),
             deterministic=section.get("deterministic", cls.deterministic),
             torch_threads=section.get("torch_threads", cls.torch_threads),
@@ -115,6 +120,16 @@ class HandlerSettings:
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""
         return _for_lane(self.response_timeout_s, lane)
+
+
+def _rows_per_pass(value: Any, lane: str | None) -> Any:
+    """max_batch_rows for `lane`: a per-lane mapping needs a positive integer for every lane it names and a
+    `default` (check() then refuses anything but a positive integer)."""
+    if not isinstance(value, Mapping):
+        return value
+    if DEFAULT_LANE not in value or any(rows is None for rows in value.values()):
+        raise SettingsError(f"handler.max_batch_rows per lane needs a number for each lane and a default, got {dict(value)!r}")
+    return value.get(lane, value[DEFAULT_LANE]) if lane is not None else value[DEFAULT_LANE]
 
 
 def _named_lanes(value: PerLane) -> dict[str, int | None]:

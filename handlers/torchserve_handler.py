@@ -46,7 +46,7 @@ class UnifiedHandler:
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
-        settings = HandlerSettings.from_yaml(context.model_yaml_config)
+        settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)

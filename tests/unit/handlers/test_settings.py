@@ -107,3 +107,18 @@ def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_ta
     per_lane = settings({"default": 1024, "digits-bulk": None})
     assert [per_lane.rows_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1024, 1024, None]
     assert per_lane.named_lanes_rows() == {"digits-bulk": None}
+
+
+def test_max_batch_rows_per_lane_resolves_for_the_lane_read_for():
+    """A stream lane passes few rows at a time (a worker's peak memory), a bulk lane many (its throughput)."""
+    handler = {"task": "x", "model_file": "m", "max_batch_rows": {"default": 16, "minilm-bulk": 64}}
+    assert HandlerSettings.from_yaml({"handler": handler}, "minilm-bulk").max_batch_rows == 64
+    assert HandlerSettings.from_yaml({"handler": handler}, "minilm").max_batch_rows == 16
+    assert HandlerSettings.from_yaml({"handler": handler}).max_batch_rows == 16  # in process: the default
+    assert HandlerSettings.from_yaml({"handler": {**handler, "max_batch_rows": 32}}, "minilm-bulk").max_batch_rows == 32
+
+
+@pytest.mark.parametrize("rows", [{"minilm-bulk": 64}, {"default": 16, "minilm-bulk": None}, {"default": 0}, {"default": "8"}])
+def test_max_batch_rows_per_lane_needs_a_default_and_positive_integers(rows):
+    with pytest.raises(SettingsError, match="max_batch_rows"):
+        HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "max_batch_rows": rows}}, "minilm")
