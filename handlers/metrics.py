@@ -7,19 +7,20 @@ tests/unit/handlers/test_metrics.py keeps the two lists equal. Each is labelled 
 name) and `lane` (context.model_name: digits, digits-bulk, ...). Prometheus sees the names unchanged:
 histograms as <name>_bucket/_sum/_count, counters as <name>_total.
 
-Cost: one CachingMetric.add_or_update per series and batch (a formatted line the frontend parses), never per row;
-the handles are looked up once at start-up. A batch's lines leave the worker in one write to stdout: each write
-wakes the frontend's reader thread, which on a lone request cost more than the lines themselves (py-spy:
-docs/benchmarks.md). TorchServe's own per-batch line (PredictionTime, not in metrics.yaml, so never exported)
-is dropped in the worker for the same reason.
+Cost: a line per series and batch (the frontend parses it), never per row. The lines are TorchServe's own format
+(`ts.metrics.caching_metric.CachingMetric.emit_metrics`, which tests/unit/handlers/test_metrics.py compares them
+with), written here from the handles' names, units and types looked up once at start-up: a batch's lines go out as
+one record of TorchServe's metric logger, hence one write to the worker's stdout. CachingMetric.add_or_update made a
+log record per line (findCaller, a hostname and clock read each: ~30 µs a line, most of the handler's metric cost)
+and each write woke the frontend's reader thread (py-spy: docs/benchmarks.md). TorchServe's own per-batch line
+(PredictionTime, not in metrics.yaml, so never exported) is dropped in the worker for the same reason.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
-import sys
+import socket
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -99,24 +100,19 @@ METRIC_LOGGER = "ts.metrics.caching_metric"  # CachingMetric.emit_metrics logs e
 _GATE = _MetricGate()
 
 
-@contextlib.contextmanager
-def one_write():
-    """The metric lines emitted inside leave in one write: the worker's stdout log handlers (TorchServe's worker
-    logs to its stdout, which the frontend reads line by line) write into a buffer meanwhile."""
-    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler) and h.stream is sys.stdout]
-    buffer = io.StringIO()
-    for handler in handlers:
-        handler.stream = buffer
+_METRIC_LINES = logging.getLogger(METRIC_LOGGER)
+
+
+def _emit_lines(lines: list[str]) -> None:
+    """A batch's metric lines as one record of TorchServe's metric logger (one write to the worker's stdout, which
+    the frontend reads line by line); the gate lets handler lines through and nothing else."""
+    if not lines:
+        return
     _GATE.open = True
     try:
-        yield
+        _METRIC_LINES.info("\n".join(lines))
     finally:
         _GATE.open = False
-        for handler in handlers:
-            handler.stream = sys.stdout
-        if text := buffer.getvalue():
-            sys.stdout.write(text)
-            sys.stdout.flush()
 
 
 class HandlerMetrics:
@@ -127,6 +123,11 @@ class HandlerMetrics:
         self.lane = lane
         self.device = device
         self.handles = {spec.name: _handle(cache, spec) for spec in METRICS} if cache is not None else {}
+        # Each line up to its value, and what follows the value up to the clock (as CachingMetric.emit_metrics).
+        self._heads = {name: f"[METRICS]{handle.metric_name}.{handle.unit}:" for name, handle in self.handles.items()}
+        self._types = {name: f"|#type:{handle.metric_type.name}" for name, handle in self.handles.items()}
+        self._dimensions = f"|#model:{model},lane:{lane}"
+        self._host = f"|#hostname:{socket.gethostname()},"
 
     @classmethod
     def for_context(cls, context, device: torch.device) -> HandlerMetrics:
@@ -136,17 +137,19 @@ class HandlerMetrics:
 
     def started(self) -> None:
         """A worker of this lane finished initialize()."""
-        with one_write():
-            self._emit(WORKER_STARTS, 1)
-            if self.device.type == "cuda":
-                self._emit(GPU_TOTAL, torch.cuda.get_device_properties(self.device).total_memory / 2**20)
+        lines: list[str] = []
+        self._emit(lines, WORKER_STARTS, 1)
+        if self.device.type == "cuda":
+            self._emit(lines, GPU_TOTAL, torch.cuda.get_device_properties(self.device).total_memory / 2**20)
+        self._write(lines)
 
     def batch(self, responses: Sequence[Response], stages: StageTimes, seconds: float) -> None:
         """One TorchServe batch: its sizes, stage times, forward passes, errors, and (CUDA) device memory."""
         rows = sum(response.rows for response in responses)
         if self.handles:
-            with one_write():
-                self._emit_batch(responses, rows, stages, seconds)
+            lines: list[str] = []
+            self._emit_batch(lines, responses, rows, stages, seconds)
+            self._write(lines)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "batch lane=%s requests=%d rows=%d errors=%d forwards=%s oom_splits=%d "
@@ -164,30 +167,35 @@ class HandlerMetrics:
                 seconds * 1000,
             )
 
-    def _emit_batch(self, responses: Sequence[Response], rows: int, stages: StageTimes, seconds: float) -> None:
+    def _emit_batch(self, lines: list[str], responses: Sequence[Response], rows: int, stages: StageTimes, seconds: float) -> None:
         emit = self._emit
-        emit(BATCH_REQUESTS, len(responses))
-        emit(BATCH_ROWS, rows)
-        emit(LATENCY, seconds)
-        emit(DECODE, stages.decode)
-        emit(COLLATE, stages.collate)
-        emit(FORWARD, stages.forward)
-        emit(ENCODE, stages.encode)
+        emit(lines, BATCH_REQUESTS, len(responses))
+        emit(lines, BATCH_ROWS, rows)
+        emit(lines, LATENCY, seconds)
+        emit(lines, DECODE, stages.decode)
+        emit(lines, COLLATE, stages.collate)
+        emit(lines, FORWARD, stages.forward)
+        emit(lines, ENCODE, stages.encode)
         for count in stages.forward_rows:
-            emit(FORWARD_ROWS, count)
+            emit(lines, FORWARD_ROWS, count)
         if stages.oom_splits:
-            emit(OOM_SPLITS, stages.oom_splits)
+            emit(lines, OOM_SPLITS, stages.oom_splits)
         errors = [response.status for response in responses if response.status != 200]
         for code, count in Counter(errors).items():
-            self.handles[ERRORS.name].add_or_update(count, [*self.labels, str(code)])
+            emit(lines, ERRORS, count, f",code:{code}")
         if self.device.type == "cuda":
-            emit(GPU_ALLOCATED, torch.cuda.memory_allocated(self.device) / 2**20)
-            emit(GPU_RESERVED, torch.cuda.memory_reserved(self.device) / 2**20)
+            emit(lines, GPU_ALLOCATED, torch.cuda.memory_allocated(self.device) / 2**20)
+            emit(lines, GPU_RESERVED, torch.cuda.memory_reserved(self.device) / 2**20)
 
-    def _emit(self, spec: MetricSpec, value: float) -> None:
-        handle = self.handles.get(spec.name)
-        if handle is not None:
-            handle.add_or_update(value, self.labels)
+    def _emit(self, lines: list[str], spec: MetricSpec, value: float, more_dimensions: str = "") -> None:
+        """`[METRICS]Name.Unit:value|#model:m,lane:l[,code:c]|#type:TYPE|#hostname:h,<unix seconds>`, the line
+        CachingMetric.add_or_update would log (timestamped in _write, once per batch)."""
+        if spec.name in self._heads:
+            lines.append(f"{self._heads[spec.name]}{value}{self._dimensions}{more_dimensions}{self._types[spec.name]}")
+
+    def _write(self, lines: list[str]) -> None:
+        stamp = f"{self._host}{int(time.time())}"
+        _emit_lines([line + stamp for line in lines])
 
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

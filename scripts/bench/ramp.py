@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.monotonic()
                 warmed = warm_up(endpoints, ["digits", "digits-bulk"])
                 print(f"warm-up: {sum(w.requests for w in warmed):,} requests in {time.monotonic() - started:.1f}s")
+                for lane in warmed:
+                    print(f"  {lane.lane}: {lane.requests:,} requests in {lane.seconds:.1f}s, {lane.failed} failed")
             target = loadgen.Target(
                 endpoints.prediction_url("digits"), request_body("digits"), JSON, endpoints.token("inference")
             )

@@ -59,7 +59,7 @@ def emitted(caplog) -> list[tuple[str, float, dict[str, str]]]:
 def emitted_lines(messages: list[str]) -> list[tuple[str, float, dict[str, str]]]:
     """The worker's metric lines, `[METRICS]Name.Unit:value|#dim:value,...|#type:...`, as (name, value, dims)."""
     lines = []
-    for message in messages:
+    for message in (line for record in messages for line in record.splitlines()):  # a batch's lines: one record
         if not message.startswith("[METRICS]"):
             continue  # e.g. the handler's warning line per failed request
         head, dimensions = message.removeprefix("[METRICS]").split("|")[:2]
@@ -206,3 +206,28 @@ def test_torchserves_chatter_in_the_worker_is_off_by_default_and_one_switch_away
     finally:
         logging.getLogger().setLevel(logging.WARNING)
         logging.getLogger("handlers").setLevel(logging.NOTSET)
+
+
+def test_the_lines_are_torchserves_own_format(caplog):
+    """The handler writes its metric lines itself (one record per batch, not one per line): the same text that
+    TorchServe's CachingMetric.add_or_update logs for the same value and dimensions, clock aside."""
+    cache = MetricsCacheYamlImpl(config_file_path=str(METRICS_YAML))
+    cache.initialize_cache()
+    metrics.configure_logging({})
+    lane = metrics.HandlerMetrics(cache, "digits", "digits-bulk", torch.device("cpu"))
+    try:
+        with caplog.at_level(logging.INFO, logger="ts.metrics.caching_metric"):
+            lane.batch([Response(200, {}, 3), Response(413, {}, 0)], StageTimes(decode=0.25, forward_rows=[3]), 0.5)
+            [ours] = caplog.messages
+            caplog.clear()
+            metrics._GATE.open = True
+            cache.get_metric("HandlerLatencySeconds", MetricTypes.HISTOGRAM).add_or_update(0.5, ["digits", "digits-bulk"])
+            cache.get_metric("HandlerErrors", MetricTypes.COUNTER).add_or_update(1, ["digits", "digits-bulk", "413"])
+            theirs = caplog.messages
+    finally:
+        metrics._GATE.open = False
+    lines = ours.splitlines()
+    assert len(lines) == 9
+    for line in theirs:  # up to the clock (whole seconds, which may tick between the two)
+        assert any(mine.rsplit(",", 1)[0] == line.rsplit(",", 1)[0] for mine in lines), (line, lines)
+    assert all(line.rsplit(",", 1)[1].isdigit() for line in lines)

@@ -141,7 +141,12 @@ def test_batch_metrics_are_emitted(handler, digits_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="ts.metrics.caching_metric"):
         handler.handle([{"body": {"instances": [g.tolist() for g in grids]}}, {"body": bytearray(grid_png(grids[0]))}], context)
     # The worker prints metric lines that the frontend turns into Prometheus series: name.unit:value|#dims
-    lines = {line.removeprefix("[METRICS]").split(":")[0]: line.split(":")[1].split("|")[0] for line in caplog.messages}
+    # (a batch's lines arrive as one record: handlers/metrics.py)
+    lines = {
+        line.removeprefix("[METRICS]").split(":")[0]: line.split(":")[1].split("|")[0]
+        for message in caplog.messages
+        for line in message.splitlines()
+    }
     assert lines["HandlerBatchRequests.Count"] == "2"
     assert lines["HandlerBatchRows.Count"] == "6"
     assert 0 < float(lines["HandlerLatencySeconds.Seconds"]) < 60
