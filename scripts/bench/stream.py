@@ -59,11 +59,12 @@ REPORT_DIR = ROOT / "docs" / "bench"
 class Plan:
     """How long and how hard: the full run for docs/benchmarks.md, or --quick (under 3 minutes in all)."""
 
-    # Trimmed for the field (issue 21: five peers in one run under 15 minutes): 1, 4, 16, 64 connections
-    # (was 1-64 in powers of 2), 3 s per point (was 4), the open loop on the TorchServe lanes only.
-    connections: tuple[int, ...] = (1, 4, 16, 64)
-    seconds: float = 3.0
-    warmup: float = 1.0
+    # Sized for the field (issue 21: five peers in one run under 15 minutes) with every connection count of
+    # issue 22's plots (1-64 in powers of 2): 2.5 s per point after 0.5 s of warm-up (was 4 + 1), the open loop
+    # on the TorchServe lanes only.
+    connections: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    seconds: float = 2.5
+    warmup: float = 0.5
     rate_fractions: tuple[float, ...] = (0.25, 0.5, 1.0, 1.25)
     open_seconds: float = 4.0
     lone_seconds: float = 5.0
