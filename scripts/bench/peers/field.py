@@ -41,6 +41,20 @@ class Peer:
         return self.settings[model]
 
 
+# Each lane's batchSize (config.properties): the batch size a batching peer's candidates start from.
+LANE_BATCH = {"digits": 32, "minilm": 16}
+
+
+def batching_peer(
+    name: str, key: str, start: Starter, candidates: Callable[[int], list[Settings]], kept: dict[str, int], **protocol
+) -> Peer:
+    """A batching peer whose sweep tries `candidates(batch)` at each lane's batchSize and whose `make bench`
+    settings are the candidates at `kept` (model -> index in them: the best of the last sweep)."""
+    options = {model: candidates(batch) for model, batch in LANE_BATCH.items()}
+    settings = {model: options[model][index] for model, index in kept.items()}
+    return Peer(name=name, key=key, batching=True, start=start, settings=settings, candidates=options, **protocol)
+
+
 def describe(settings: Settings) -> str:
     """`max_batch_size=32, batch_timeout=0.001`: a settings dict as one line for tables and logs."""
     return ", ".join(f"{key}={value}" for key, value in settings.items())

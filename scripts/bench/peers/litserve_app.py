@@ -20,7 +20,7 @@ from pathlib import Path
 
 import litserve as ls
 
-from scripts.bench.peers.field import Peer, Settings
+from scripts.bench.peers.field import Settings, batching_peer
 from scripts.bench.peers.process import running
 
 
@@ -102,15 +102,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-PEER = Peer(
-    name="LitServe",
-    key="litserve",
-    batching=True,
-    start=start,
-    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
-    settings={"digits": _candidates(32)[3], "minilm": _candidates(16)[4]},
-    candidates={"digits": _candidates(32), "minilm": _candidates(16)},
-)
+# kept: the best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+PEER = batching_peer("LitServe", "litserve", start, _candidates, kept={"digits": 3, "minilm": 4})
 
 
 if __name__ == "__main__":

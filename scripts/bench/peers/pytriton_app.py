@@ -25,7 +25,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from scripts.bench.peers.field import Peer, Settings
+from scripts.bench.peers.field import Settings, batching_peer
 from scripts.bench.peers.process import running
 from scripts.layout import BUILD, ROOT
 
@@ -136,17 +136,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-PEER = Peer(
-    name="PyTriton",
-    key="pytriton",
-    batching=True,
-    start=start,
-    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
-    settings={"digits": _candidates(32)[2], "minilm": _candidates(16)[0]},
-    candidates={"digits": _candidates(32), "minilm": _candidates(16)},
-    wrap=wrap,
-    unwrap=unwrap,
-)
+# kept: the best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+PEER = batching_peer("PyTriton", "pytriton", start, _candidates, kept={"digits": 2, "minilm": 0}, wrap=wrap, unwrap=unwrap)
 
 
 if __name__ == "__main__":

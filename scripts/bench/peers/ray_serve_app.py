@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from scripts.bench.peers.field import Peer, Settings
+from scripts.bench.peers.field import Settings, batching_peer
 from scripts.bench.peers.process import running
 from scripts.layout import ROOT
 
@@ -91,15 +91,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-PEER = Peer(
-    name="Ray Serve",
-    key="ray",
-    batching=True,
-    start=start,
-    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
-    settings={"digits": _candidates(32)[2], "minilm": _candidates(16)[1]},
-    candidates={"digits": _candidates(32), "minilm": _candidates(16)},
-)
+# kept: the best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+PEER = batching_peer("Ray Serve", "ray", start, _candidates, kept={"digits": 2, "minilm": 1})
 
 
 if __name__ == "__main__":
