@@ -119,7 +119,6 @@ class HandlerMetrics:
     """The metric handles of one lane's worker, looked up once; `batch()` emits one batch's figures."""
 
     def __init__(self, cache: Any, model: str, lane: str, device: torch.device) -> None:
-        self.labels = [model, lane]
         self.lane = lane
         self.device = device
         self.handles = {spec.name: _handle(cache, spec) for spec in METRICS} if cache is not None else {}
@@ -212,7 +211,7 @@ def configure_logging(model_yaml_config: Any) -> str:
     level = _level(section, "level", "info")
     logging.getLogger().setLevel(_level(section, "torchserve", "warning"))
     # Metric lines are info lines of TorchServe's metric logger, whatever the worker's level; the gate lets through
-    # only the handler's (one_write).
+    # only the handler's (_emit_lines).
     metric_logger = logging.getLogger(METRIC_LOGGER)
     metric_logger.setLevel(logging.INFO)
     if _GATE not in metric_logger.filters:

@@ -19,11 +19,9 @@ from scripts import cli
 from scripts.archive.core import load_core
 from scripts.layout import MODEL_STORE
 
-# TorchServe's worker and what it imports for a handler, our handler, the container's own commands.
+# TorchServe's worker (it imports its protocol and service modules), our handler, the container's own commands.
 MODULES = (
     "ts.model_service_worker",
-    "ts.service",
-    "ts.protocol.otf_message_handler",
     "handlers.torchserve_handler",
     "scripts.container.entrypoint",
     "scripts.container.healthcheck",
