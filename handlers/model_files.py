@@ -3,7 +3,7 @@
 | suffix        | format                                   | runs on                                   |
 | ------------- | ---------------------------------------- | ----------------------------------------- |
 | `.aoti.pt2`   | AOTInductor package (compiled .so inside) | the device it was compiled for (CPU here) |
-| `.pt2`        | torch.export program (graph JSON + raw tensors) | any device (moved whole)           |
+| `.pt2`        | torch.export program (graph JSON + raw tensors) | any device (moved whole); called flat |
 | `.pt`, `.ts`  | TorchScript                              | any device (map_location)                 |
 | `.onnx`       | ONNX, run by onnxruntime                 | CPUExecutionProvider; CUDAExecutionProvider on cuda |
 
@@ -15,7 +15,9 @@ built (e.g. `minilm.int8.onnx`), see `compiled_precision`.
 
 from __future__ import annotations
 
+import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,9 +76,9 @@ def load_program(path: Path, device: torch.device) -> Any:
             # A graph keeps the device it was exported on in ops such as arange(device=...) and
             # to(device) (a BERT's attention mask has them); module.to() would move only the weights.
             program = move_to_device_pass(program, device)
-        module = program.module()
+        module = program.module(check_guards=False)
         module.to(device)
-        return module
+        return _flat_call(module)
     if kind == "torchscript":
         module = torch.jit.load(str(path), map_location=device)
         if device.type != "cpu" and _CPU_DEVICE_CONSTANT.search(str(module.inlined_graph)):
@@ -89,6 +91,24 @@ def load_program(path: Path, device: torch.device) -> Any:
         module.eval()
         return module
     return OnnxModel(path, device)
+
+
+def _flat_call(module: torch.fx.GraphModule) -> Callable[..., Any]:
+    """The exported graph called with its tensors as they are: `program.module()` wraps it in pytree flattening,
+    a guard call and forward hooks that check each input's shape against the exported constraints, about half of
+    a one-row digits forward (docs/benchmarks.md, "Tuning"). Our decoders have already fixed the inputs' shapes
+    and dtypes, so the same graph (same ops, same weights: identical outputs) runs without them. A wrong shape
+    still fails, in the first op that meets it."""
+    graph = copy.deepcopy(module.graph)
+    graph.set_codegen(torch.fx.graph.CodeGen())  # positional tensors in, a tuple of outputs back
+    flat = torch.fx.GraphModule(module, graph)
+    outputs = len(graph.output_node().args[0])
+
+    def call(*inputs: torch.Tensor) -> Any:
+        results = flat(*inputs)
+        return results[0] if outputs == 1 else results
+
+    return call
 
 
 def _load_aoti(path: Path, device: torch.device):

@@ -136,7 +136,7 @@ def test_clients_that_disconnect_mid_request_change_nothing_for_the_others(fault
         load = pool.submit(stream_load, fault_server, 120, 4)
         for _ in range(20):
             open_request(fault_server, "digits", sent=len(PNG) // 2).close()
-        codes = tally(load.result())
+        answers = load.result()
     assert codes == {200: 120}
     # 20 whole requests, each abandoned at once: TorchServe queues and runs them all the same (a burst of
     # them can fill the queue: docs/hardening.md), then drops the answers.
@@ -199,12 +199,16 @@ def test_workers_killed_mid_batch_under_stream_load_and_a_batch_job(fault_server
         killed = time.monotonic()
         for pid in victims.values():
             os.kill(pid, signal.SIGKILL)
-        codes = tally(load.result())
+        answers = load.result()
         summary = job.result(timeout=JOB_TIMEOUT)
         job_done = time.monotonic() - killed
     check_job(summary, tmp_path)
-    # The killed batches' requests get TorchServe's 507 "Worker died."; the other stream worker serves the rest.
-    assert set(codes) <= {200, 507} and 1 <= codes[507] <= CLIENTS
+    # The killed batches' requests get TorchServe's "Worker died.": 507 when its WorkerThread has already read the
+    # exit status 137, else 500 (a race inside TorchServe 0.12); the other stream worker serves the rest.
+    codes = tally(answers)
+    died = [a for a in answers if a.reply.status_code != 200]
+    assert set(codes) <= {200, 500, 507} and 1 <= len(died) <= CLIENTS, codes
+    assert all(a.reply.json()["message"] == WORKER_DIED for a in died), [a.reply.text for a in died]
     assert told and all(WORKER_DIED in line for line in told)
     replaced = wait_until(
         lambda: all(

@@ -78,3 +78,32 @@ def test_the_archived_config_names_the_built_file_and_keeps_the_rest(model):
     assert {k: v for k, v in changed.items() if k not in ("format", "handler")} == {
         k: v for k, v in original.items() if k not in ("format", "handler")
     }
+
+
+@pytest.mark.parametrize("model", ["digits", "minilm"])
+def test_the_export_program_is_called_flat_with_the_same_outputs(model):
+    """load_program calls the exported graph without torch.export's input checks (docs/benchmarks.md, "Tuning"):
+    the same graph and weights, so the same numbers as the checked module, to the last bit; a wrong shape still
+    fails."""
+    from tests.unit.formats.conftest import digits_file, minilm_file
+
+    path = digits_file("export") if model == "digits" else minilm_file("export")
+    checked = torch.export.load(str(path)).module()
+    flat = load_program(path, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    if model == "digits":
+        cases = [(torch.rand(rows, 1, 8, 8, generator=generator) * 16,) for rows in (1, 7, 33)]
+        wrong = (torch.rand(2, 3, 8, 8),)
+    else:
+        cases = [
+            (torch.randint(1000, 2000, (rows, length), generator=generator), torch.ones(rows, length, dtype=torch.long))
+            for rows, length in ((1, 5), (3, 40))
+        ]
+        wrong = (torch.ones(2, 5, 7, dtype=torch.long), torch.ones(2, 5, dtype=torch.long))
+    with torch.inference_mode():
+        for inputs in cases:
+            expected = checked(*inputs)
+            got = flat(*inputs)
+            assert got.shape == expected.shape and torch.equal(got, expected)
+        with pytest.raises(Exception):  # noqa: B017, PT011 (the op that meets it raises whatever it raises)
+            flat(*wrong)
