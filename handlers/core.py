@@ -136,7 +136,7 @@ class InferenceCore:
     # -- rows -----------------------------------------------------------------------------------
 
     def predict(self, rows: Sequence[Any], stages: StageTimes | None = None) -> list[Any]:
-        """Results for `rows` in their order, run in micro-batches of at most max_batch_rows.
+        """Results for `rows` in their order, run in micro-batches of at most max_batch_rows (and max_batch_tokens).
 
         Rows are grouped by cost (similar lengths together) and the results put back in input order.
         Out of device memory, a micro-batch is split in halves and each half retried, and later micro-batches
@@ -156,7 +156,7 @@ class InferenceCore:
                     pending.extend(chunk[i : i + step] for i in reversed(range(0, len(chunk), step)))
                     continue
             else:
-                chunk = order[start : start + step]
+                chunk = self._next_chunk(rows, order[start : start + step])
                 start += len(chunk)
             try:
                 outputs = self._run([rows[i] for i in chunk], stages, pad_to=step)
@@ -183,6 +183,17 @@ class InferenceCore:
             for i, result in zip(chunk, outputs, strict=True):
                 results[i] = result
         return results
+
+    def _next_chunk(self, rows: Sequence[Any], candidates: list[int]) -> list[int]:
+        """The first of `candidates` (row indexes, in ascending cost) that fit max_batch_tokens: a pass pads every row
+        to its last (longest) one, so k rows cost k times the k-th row's cost. At least one row, whatever it costs."""
+        budget = self.settings.max_batch_tokens
+        if budget is None:
+            return candidates
+        count = 1
+        while count < len(candidates) and (count + 1) * self.task.row_cost(rows[candidates[count]]) <= budget:
+            count += 1
+        return candidates[:count]
 
     def _run(self, rows: list[Any], stages: StageTimes, pad_to: int) -> list[Any]:
         # Deterministic mode pads every micro-batch to the current step (max_batch_rows until an

@@ -14,6 +14,7 @@ CORE_KEYS = (
     "task",
     "model_file",
     "max_batch_rows",
+    "max_batch_tokens",
     "precision",
     "deterministic",
     "torch_threads",
@@ -35,6 +36,12 @@ class HandlerSettings:
     # one pass are its activations: a stream lane keeps passes small (a worker's peak memory), a bulk lane
     # large (its throughput).
     max_batch_rows: int = 256
+    # Padded tokens per forward pass (rows x the task's cost of the pass's longest row: tokens for text, 1 for an
+    # image), resolved for the lane like max_batch_rows; null: max_batch_rows alone. A pass's activations grow
+    # with its padded tokens (and attention with their length), so a stream lane can take a full batch of short
+    # texts in one pass and long ones in several small passes. Deterministic mode pads every pass to
+    # max_batch_rows full rows whatever this says.
+    max_batch_tokens: int | None = None
     precision: str = "fp32"
     # Run every micro-batch at exactly max_batch_rows rows (zero-padded), so a row's result does not
     # depend on what else shared its batch: bitwise-equal answers across stream, bulk and in-process.
@@ -75,6 +82,7 @@ class HandlerSettings:
             task=str(section["task"]),
             model_file=str(section["model_file"]),
             max_batch_rows=_rows_per_pass(section.get("max_batch_rows", cls.max_batch_rows), lane),
+            max_batch_tokens=_tokens_per_pass(section.get("max_batch_tokens", cls.max_batch_tokens), lane),
             precision=str(section.get("precision", cls.precision)),
             deterministic=section.get("deterministic", cls.deterministic),
             torch_threads=section.get("torch_threads", cls.torch_threads),
@@ -89,6 +97,7 @@ class HandlerSettings:
     def check(self) -> None:
         if not isinstance(self.max_batch_rows, int) or isinstance(self.max_batch_rows, bool) or self.max_batch_rows < 1:
             raise SettingsError(f"handler.max_batch_rows must be a positive integer, got {self.max_batch_rows!r}")
+        _check_per_lane("max_batch_tokens", self.max_batch_tokens)
         if self.precision not in PRECISIONS:
             raise SettingsError(f"handler.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         _check_per_lane("torch_threads", self.torch_threads)
@@ -130,6 +139,12 @@ def _rows_per_pass(value: Any, lane: str | None) -> Any:
     if DEFAULT_LANE not in value or any(rows is None for rows in value.values()):
         raise SettingsError(f"handler.max_batch_rows per lane needs a number for each lane and a default, got {dict(value)!r}")
     return value.get(lane, value[DEFAULT_LANE]) if lane is not None else value[DEFAULT_LANE]
+
+
+def _tokens_per_pass(value: PerLane, lane: str | None) -> int | None:
+    """max_batch_tokens for `lane`, every lane's value checked first (a typo in another lane's fails here too)."""
+    _check_per_lane("max_batch_tokens", value)
+    return _for_lane(value, lane or DEFAULT_LANE)
 
 
 def _named_lanes(value: PerLane) -> dict[str, int | None]:

@@ -17,6 +17,7 @@ from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
+from handlers.host_memory import HostMemory
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
@@ -42,9 +43,12 @@ class UnifiedHandler:
         self.metrics: HandlerMetrics | None = None
         self.limits = NO_LIMITS
         self.timeout: LaneTimeout | None = None
+        self.memory = HostMemory(None)
 
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
+        # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
+        self.memory = HostMemory.for_this_process()
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
@@ -81,15 +85,18 @@ class UnifiedHandler:
         )
         self.metrics = HandlerMetrics.for_context(context, device)
         self.metrics.started()
+        logger.info("model %s: worker at rest %.0f MiB", context.model_name, self.memory.settle() / 2**20)
 
     def handle(self, data: list[dict], context) -> list[bytes]:
-        if self.timeout is None:
-            return self.answer_batch(data, context)
-        self.timeout.running(len(data))
+        if self.timeout is not None:
+            self.timeout.running(len(data))
         try:
             return self.answer_batch(data, context)
         finally:
-            self.timeout.done()
+            if self.timeout is not None:
+                self.timeout.done()
+            # The batch's bodies and activations are freed by now; TorchServe still holds the answers' bytes.
+            self.memory.after_batch()
 
     def answer_batch(self, data: list[dict], context) -> list[bytes]:
         """One TorchServe batch: a response body per request, in order."""

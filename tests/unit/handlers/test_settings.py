@@ -43,6 +43,10 @@ def test_reads_handler_section_and_keeps_task_options():
             "max_request_rows must be a positive integer or \\{lane: positive integer or null\\}, got \\{'digits': 0\\}",
         ),
         ({"task": "x", "model_file": "m", "max_request_rows": "1024"}, "max_request_rows must be a positive integer"),
+        (
+            {"task": "x", "model_file": "m", "max_batch_tokens": {"default": 1024, "minilm-bulk": 0}},
+            "max_batch_tokens must be a positive integer or \\{lane: positive integer or null\\}, got \\{'default': 1024, 'minilm-bulk': 0\\}",
+        ),
     ],
 )
 def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, message):
@@ -56,7 +60,7 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         (
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
-            "task, model_file, max_batch_rows, precision, deterministic, torch_threads, max_request_rows, max_request_bytes, "
+            "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, max_request_bytes, "
             "response_timeout_s, max_image_pixels, max_request_pixels$",
         ),
         (
@@ -122,3 +126,11 @@ def test_max_batch_rows_per_lane_resolves_for_the_lane_read_for():
 def test_max_batch_rows_per_lane_needs_a_default_and_positive_integers(rows):
     with pytest.raises(SettingsError, match="max_batch_rows"):
         HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "max_batch_rows": rows}}, "minilm")
+
+
+def test_max_batch_tokens_per_lane_resolves_for_the_lane_read_for():
+    handler = {"task": "x", "model_file": "m", "max_batch_tokens": {"default": 1024, "minilm-bulk": None}}
+    assert HandlerSettings.from_yaml({"handler": handler}, "minilm").max_batch_tokens == 1024
+    assert HandlerSettings.from_yaml({"handler": handler}, "minilm-bulk").max_batch_tokens is None
+    assert HandlerSettings.from_yaml({"handler": handler}).max_batch_tokens == 1024  # in process: the default entry
+    assert HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m"}}, "minilm").max_batch_tokens is None

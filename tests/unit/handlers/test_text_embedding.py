@@ -10,7 +10,7 @@ import torch
 import yaml
 from tokenizers import Tokenizer
 
-from handlers.core import InferenceCore
+from handlers.core import InferenceCore, StageTimes
 from handlers.decoding import Payload, read_body
 from handlers.errors import RequestError
 from handlers.model_files import load_program
@@ -159,6 +159,21 @@ def test_deterministic_mode_gives_bitwise_equal_results_alone_or_in_company(mini
     alone = embed(core, [text])[0]["embedding"]
     company = embed(core, ["x", "a far longer neighbour " * 20, text, "y z"])[2]["embedding"]
     assert alone == company
+
+
+def test_a_pass_holds_at_most_max_batch_tokens_padded_tokens_with_the_same_answers(minilm_dir, core):
+    """Short texts share one pass; 256-token ones run 4 at a time (the stream lanes' 1024): each row's embedding
+    is the one a single 16-row pass gives."""
+    texts = [f"short text {n}" for n in range(10)] + [f"long text {n} " + "word " * 300 for n in range(6)]
+    bounded, unbounded = StageTimes(), StageTimes()
+    [response] = core.answer([Payload(items=texts, raw=False)], bounded)
+    whole = InferenceCore.load(minilm_dir, minilm_settings(max_batch_tokens=None), torch.device("cpu"))
+    [reference] = whole.answer([Payload(items=texts, raw=False)], unbounded)
+    assert core.settings.max_batch_tokens == 1024 and core.settings.max_batch_rows == 16
+    assert bounded.forward_rows == [10, 4, 2] and unbounded.forward_rows == [16]
+    embeddings = [p["embedding"] for p in response.body["predictions"]]
+    np.testing.assert_allclose(embeddings, [p["embedding"] for p in reference.body["predictions"]], atol=1e-5)
+    assert cosines(embeddings, reference_embeddings(texts)).min() >= 0.9999
 
 
 @pytest.mark.parametrize(

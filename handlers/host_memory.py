@@ -1,0 +1,88 @@
+"""A worker's host memory kept near its resting size: glibc's malloc set at start, and freed pages handed back
+to the system after a batch that left the worker larger (docs/hardening.md, "Peak memory of a worker").
+
+glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), so after a few requests the
+blocks of a forward pass or a request body come from the heap instead of mmap: a body that grows past it is
+copied as it grows (twice its size for a moment) and what a batch frees stays in the worker (a minilm worker
+went from 432 to 502 MiB at rest). A fixed threshold keeps large blocks in mmap, given back when freed; what
+the heap keeps in its middle goes back with malloc_trim. Elsewhere (musl, macOS) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# mallopt's parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+# Blocks of at least this size are mmapped, so a freed one leaves at once. Smaller ones, a short text's
+# activations among them, keep reusing the heap: mapping each anew would cost page faults on every pass.
+MMAP_THRESHOLD = 4 * MIB
+# The heap's free top past this size goes back at each free (glibc's default is twice the dynamic threshold).
+TRIM_THRESHOLD = 8 * MIB
+# A batch that leaves the worker this much above the size its last trim left is followed by malloc_trim (about a
+# millisecond on a minilm worker): smaller growth is left for the next batch to reuse. A stream worker must take
+# a max_request_size body (64 MiB) on top of what it holds at rest, so little is left to keep.
+TRIM_SLACK = 4 * MIB
+STATM = Path("/proc/self/statm")
+
+
+class HostMemory:
+    """glibc's malloc for one worker process: `settle()` once the model is loaded, `after_batch()` after each."""
+
+    def __init__(self, libc: ctypes.CDLL | None) -> None:
+        self.libc = libc
+        self.resting = 0  # bytes of RSS after the last trim: what the worker holds at rest
+
+    @classmethod
+    def for_this_process(cls) -> HostMemory:
+        """Tunes glibc's malloc when this process runs on it; a HostMemory that changes nothing otherwise."""
+        libc = _glibc()
+        if libc is None:
+            logger.info("not on glibc: malloc left as it is")
+            return cls(None)
+        if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+            logger.warning("mallopt refused the thresholds: malloc left as it is")
+        return cls(libc)
+
+    def settle(self) -> int:
+        """Hand back what loading freed and take the resting size; returns it in bytes (0 where unknown)."""
+        self._trim()
+        self.resting = rss_bytes()
+        return self.resting
+
+    def after_batch(self) -> bool:
+        """Trim when the batch left the worker more than TRIM_SLACK above its resting size; whether it did. What
+        a trim cannot give back (code pages a first forward pass touched, objects kept) becomes the resting size."""
+        if self.libc is None or rss_bytes() <= self.resting + TRIM_SLACK:
+            return False
+        self.settle()
+        return True
+
+    def _trim(self) -> None:
+        if self.libc is not None:
+            self.libc.malloc_trim(0)
+
+
+def rss_bytes() -> int:
+    """This process's resident set size from /proc (0 where there is none)."""
+    try:
+        return int(STATM.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
+    except (OSError, AttributeError):
+        return None
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return libc

@@ -1,0 +1,150 @@
+"""The pod's memory, derived in one place from the per-lane numbers (docs/kubernetes.md, "Memory").
+
+    python -m scripts.deploy.memory        # the sum, lane by lane
+
+What the torchserve container may hold at once: each lane's workers at their worst measured peak, the
+frontend's heap (its own needs plus every request body a lane can hold: queued, in its workers' batches) and
+the JVM outside its heap. deploy/k8s/deployment.yaml's memory, config.properties' -Xmx and
+-XX:MaxDirectMemorySize and the gateway's per-route connection limits are checked against it
+(tests/unit/deploy/test_manifests.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from handlers.settings import HandlerSettings
+from scripts import cli
+from scripts.layout import ROOT
+from scripts.server.config import ServerConfig
+
+MIB = 1024 * 1024
+# The worst worker peak RSS on each lane, MiB: scripts/hardening/worker_memory.py on CPU workers (the tables in
+# docs/hardening.md, "Peak memory of a worker per request"). A CUDA worker also maps the CUDA runtime and its
+# context into host memory, which no machine here can measure: docs/kubernetes.md says what to add.
+WORKER_PEAK_MIB = {"digits": 433, "digits-bulk": 2653, "minilm": 510, "minilm-bulk": 2327}
+# The frontend's heap beside request bodies (Netty, the model registry, metrics) and the JVM outside its heap
+# (metaspace, code, threads' stacks, GC tables): a resting TorchServe's JVM here took 250 to 400 MiB in all.
+FRONTEND_HEAP_BASE_MIB = 512
+JVM_NATIVE_MIB = 256
+# Batch jobs send this many chunks at once (scripts/jobs/batch_job.py JobConfig.concurrency).
+BULK_CLIENT_CHUNKS = 4
+ROUND_MIB = 256
+GATEWAY_CONF = ROOT / "deploy" / "k8s" / "gateway" / "nginx.conf"
+
+
+@dataclass(frozen=True)
+class LaneMemory:
+    lane: str
+    workers: int
+    worker_peak_mib: int
+    body_bytes: int  # the most one request's body may have on this lane
+    held_bodies: int  # the most request bodies the frontend holds for this lane at once
+    gateway_limit: int | None  # the gateway's connections at once on this lane's route (None: TorchServe's queue)
+
+    @property
+    def workers_mib(self) -> int:
+        return self.workers * self.worker_peak_mib
+
+    @property
+    def bodies_mib(self) -> int:
+        return math.ceil(self.held_bodies * self.body_bytes / MIB)
+
+
+@dataclass(frozen=True)
+class PodMemory:
+    lanes: list[LaneMemory]
+    heap_mib: int  # -Xmx
+    direct_mib: int  # -XX:MaxDirectMemorySize: Netty reads a body there before TorchServe copies it to the heap
+
+    @property
+    def workers_mib(self) -> int:
+        return sum(lane.workers_mib for lane in self.lanes)
+
+    @property
+    def torchserve_mib(self) -> int:
+        """The torchserve container's memory request and limit."""
+        return _round_up(self.workers_mib + self.heap_mib + self.direct_mib + JVM_NATIVE_MIB)
+
+
+def bulk_admitted(config: ServerConfig, lane: str) -> int:
+    """Requests the gateway lets onto a bulk lane at once: its workers' batches and every chunk of one batch job."""
+    settings = _lane_settings(config, lane)
+    return settings.workers * settings.batch_size + BULK_CLIENT_CHUNKS
+
+
+def derive(config: ServerConfig | None = None) -> PodMemory:
+    config = config or ServerConfig.read()
+    lanes = [_lane_memory(config, lane, archive) for lane, archive in config.loaded_lanes().items()]
+    bodies = sum(lane.bodies_mib for lane in lanes)
+    return PodMemory(lanes, _round_up(FRONTEND_HEAP_BASE_MIB + bodies), _round_up(bodies))
+
+
+def _lane_memory(config: ServerConfig, lane: str, archive: str) -> LaneMemory:
+    settings = _lane_settings(config, lane)
+    handler = HandlerSettings.from_yaml(_archive_yaml(archive), lane)
+    body = handler.bytes_for(lane) or config.max_request_size
+    if lane.endswith("-bulk"):
+        gateway, held = bulk_admitted(config, lane), bulk_admitted(config, lane)
+    else:  # the gateway cuts the route at its byte limit; TorchServe queues up to job_queue_size beside the batches
+        queue = _archive_yaml(archive).get("jobQueueSize") or config.job_queue_size
+        gateway, held = None, queue + settings.workers * settings.batch_size
+    return LaneMemory(lane, settings.workers, WORKER_PEAK_MIB[lane], body, held, gateway)
+
+
+def _lane_settings(config: ServerConfig, lane: str):
+    return config.lane_settings(lane.removesuffix("-bulk"))[lane]
+
+
+def _archive_yaml(archive: str) -> dict:
+    return yaml.safe_load((ROOT / "models" / Path(archive).stem / "model-config.yaml").read_text())
+
+
+def _round_up(mib: int) -> int:
+    return math.ceil(mib / ROUND_MIB) * ROUND_MIB
+
+
+def jvm_flags(vmargs: str) -> dict[str, int]:
+    """-Xmx and -XX:MaxDirectMemorySize from config.properties' vmargs, in MiB ({} where absent)."""
+    flags = {}
+    for name, pattern in (("heap", r"-Xmx(\d+)m\b"), ("direct", r"-XX:MaxDirectMemorySize=(\d+)m\b")):
+        found = re.search(pattern, vmargs)
+        if found:
+            flags[name] = int(found.group(1))
+    return flags
+
+
+def gateway_limits(text: str) -> dict[str, int]:
+    """{lane: limit_conn} for each bulk route of the gateway's nginx.conf."""
+    found = re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{[^}]*?limit_conn bulk (\d+);", text)
+    return {lane: int(limit) for lane, limit in found}
+
+
+def summary(pod: PodMemory) -> str:
+    lines = [
+        f"{lane.lane}: {lane.workers} x {lane.worker_peak_mib} MiB workers; bodies {lane.held_bodies} x "
+        f"{lane.body_bytes / MIB:g} MiB = {lane.bodies_mib} MiB"
+        + (f" (gateway: {lane.gateway_limit} at once)" if lane.gateway_limit else " (job_queue_size + batches)")
+        for lane in pod.lanes
+    ]
+    lines.append(
+        f"torchserve: workers {pod.workers_mib} + heap {pod.heap_mib} (-Xmx) + direct {pod.direct_mib} + JVM "
+        f"{JVM_NATIVE_MIB} = {pod.workers_mib + pod.heap_mib + pod.direct_mib + JVM_NATIVE_MIB} MiB -> "
+        f"{pod.torchserve_mib} MiB ({pod.torchserve_mib / 1024:g} GiB)"
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    cli.parser_for(__doc__).parse_args()
+    print(summary(derive()))
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)
