@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import requests
 import yaml
 
 from scripts.deploy.manifests import K8S
+from scripts.deploy.memory import GATEWAY_CONF, gateway_limits
 from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
 
@@ -153,3 +155,34 @@ def test_a_stream_body_over_its_lanes_byte_limit_is_refused_by_the_gateway_and_b
     # The bulk route takes it (and the handler refuses its {} rows as rows, not as bytes).
     bulk = requests.post(f"{gateway}/predictions/digits-bulk", data=body, headers=client, timeout=120)
     assert bulk.status_code == 413 and "rows" in bulk.json()["message"]
+
+
+def test_a_bulk_route_takes_its_limit_of_requests_at_once_and_answers_503_past_it(gateway):
+    """The gateway's limit_conn on digits-bulk (scripts/deploy/memory.py bulk_admitted, which sizes the frontend's
+    heap): requests whose bodies are still arriving count; one more gets a 503 before its body is read; once they
+    end, the route takes requests again."""
+    limit = gateway_limits(GATEWAY_CONF.read_text())["digits-bulk"]
+    host, port = gateway.removeprefix("http://").split(":")
+    head = (
+        f"POST /predictions/digits-bulk HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {CLIENT_TOKEN}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+    ).encode()
+    client = {"Authorization": f"Bearer {CLIENT_TOKEN}"}
+    rows = {"instances": [[0] * 64]}
+    held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(limit)]
+    try:
+        for connection in held:
+            connection.sendall(head)  # the body never comes: each request holds its place
+        time.sleep(1.0)  # nginx has read every head by then
+        refused = requests.post(f"{gateway}/predictions/digits-bulk", json=rows, headers=client, timeout=30)
+        assert refused.status_code == 503
+        # The stream route has no such limit.
+        assert requests.post(f"{gateway}/predictions/digits", json=rows, headers=client, timeout=30).status_code == 200
+    finally:
+        for connection in held:
+            connection.close()
+    deadline = time.monotonic() + 10
+    while (answer := requests.post(f"{gateway}/predictions/digits-bulk", json=rows, headers=client, timeout=30)).status_code == 503:
+        assert time.monotonic() < deadline, "the bulk route still refuses after its held requests ended"
+        time.sleep(0.2)
+    assert answer.status_code == 200 and answer.json()["predictions"][0]["label"] in range(10)

@@ -25,6 +25,16 @@ from scripts.deploy.manifests import (
     validate,
     validate_inference_service,
 )
+from scripts.deploy.memory import (
+    FRONTEND_HEAP_BASE_MIB,
+    GATEWAY_CONF,
+    JVM_NATIVE_MIB,
+    WORKER_PEAK_MIB,
+    bulk_admitted,
+    derive,
+    gateway_limits,
+    jvm_flags,
+)
 from scripts.deploy.render import K8S_CONFIG, METRICS, k8s_properties, kserve_properties, write_kserve
 from scripts.layout import ROOT
 from scripts.server.config import ServerConfig
@@ -362,3 +372,46 @@ def test_the_inference_service_uses_kserves_torchserve_runtime_on_one_gpu(infere
     assert model["protocolVersion"] in ("v1", "v2")
     assert re.match(r"(s3|gs)://[^/]+/.+", model["storageUri"])
     assert str(model["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+
+
+# -- memory: one derivation (scripts/deploy/memory.py), the manifest, the JVM's flags and the gateway checked against it
+
+
+def test_the_pods_memory_is_the_derivation_from_the_lanes_numbers(containers, pod_config):
+    pod = derive(pod_config)
+    assert [lane.lane for lane in pod.lanes] == list(pod_config.loaded_lanes()) == list(WORKER_PEAK_MIB)
+    resources = containers["torchserve"]["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{pod.torchserve_mib}Mi", (
+        "set deployment.yaml's torchserve memory to what `python -m scripts.deploy.memory` derives"
+    )
+    needed = pod.workers_mib + pod.heap_mib + pod.direct_mib + JVM_NATIVE_MIB
+    assert needed <= pod.torchserve_mib < needed + 256
+    # Stream lanes: bodies at the archive's byte limit, job_queue_size queued beside the workers' batches.
+    digits = next(lane for lane in pod.lanes if lane.lane == "digits")
+    stream = pod_config.lane_settings("digits")["digits"]
+    assert digits.body_bytes == 2 * 1024 * 1024
+    assert digits.held_bodies == pod_config.job_queue_size + stream.workers * stream.batch_size
+    assert digits.workers_mib == stream.workers * WORKER_PEAK_MIB["digits"]
+    assert pod.heap_mib >= FRONTEND_HEAP_BASE_MIB + sum(lane.bodies_mib for lane in pod.lanes)
+
+
+def test_the_frontends_heap_and_direct_memory_are_bounded_as_derived(pod_config):
+    pod = derive(pod_config)
+    expected = {"heap": pod.heap_mib, "direct": pod.direct_mib}
+    assert jvm_flags(pod_config.get("vmargs", "")) == expected
+    assert jvm_flags(ServerConfig.read().get("vmargs", "")) == expected  # make serve and the tests' servers too
+    assert pod_config.job_queue_size == ServerConfig.read().job_queue_size == 100
+
+
+def test_the_gateway_lets_onto_each_bulk_lane_what_the_derivation_counts(pod_config):
+    limits = gateway_limits(GATEWAY_CONF.read_text())
+    bulk = [lane for lane in pod_config.loaded_lanes() if lane.endswith("-bulk")]
+    assert limits == {lane: bulk_admitted(pod_config, lane) for lane in bulk}
+    settings = pod_config.lane_settings("digits")["digits-bulk"]
+    assert limits["digits-bulk"] >= settings.workers * settings.batch_size  # a full batch still gets in
+
+
+def test_the_kubernetes_guide_shows_the_sum(pod_config):
+    pod = derive(pod_config)
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert f"= {pod.torchserve_mib} MiB" in guide and f"-Xmx{pod.heap_mib}m" in guide
