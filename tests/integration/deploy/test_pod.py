@@ -182,7 +182,8 @@ def test_a_bulk_route_takes_its_limit_of_requests_at_once_and_answers_503_past_i
         for connection in held:
             connection.close()
     deadline = time.monotonic() + 10
-    while (answer := requests.post(f"{gateway}/predictions/digits-bulk", json=rows, headers=client, timeout=30)).status_code == 503:
+    bulk = f"{gateway}/predictions/digits-bulk"
+    while (answer := requests.post(bulk, json=rows, headers=client, timeout=30)).status_code == 503:
         assert time.monotonic() < deadline, "the bulk route still refuses after its held requests ended"
         time.sleep(0.2)
     assert answer.status_code == 200 and answer.json()["predictions"][0]["label"] in range(10)

@@ -31,8 +31,9 @@ def test_the_archives_job_queue_size_holds_for_both_its_lanes_and_one_request_mo
     with serving_in(tmp_path / "server", {"digits.mar": archive}, overrides) as server:
         endpoints = server.endpoints
         capacity = {
-            lane: requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
-            .json()[0]["jobQueueStatus"]["remainingCapacity"]
+            lane: requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30).json()[
+                0
+            ]["jobQueueStatus"]["remainingCapacity"]
             for lane in LANES
         }
         assert capacity == {"digits": ARCHIVE_QUEUE, "digits-bulk": ARCHIVE_QUEUE}

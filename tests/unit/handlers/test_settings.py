@@ -45,7 +45,8 @@ def test_reads_handler_section_and_keeps_task_options():
         ({"task": "x", "model_file": "m", "max_request_rows": "1024"}, "max_request_rows must be a positive integer"),
         (
             {"task": "x", "model_file": "m", "max_batch_tokens": {"default": 1024, "minilm-bulk": 0}},
-            "max_batch_tokens must be a positive integer or \\{lane: positive integer or null\\}, got \\{'default': 1024, 'minilm-bulk': 0\\}",
+            "max_batch_tokens must be a positive integer or \\{lane: positive integer or null\\}, "
+            "got \\{'default': 1024, 'minilm-bulk': 0\\}",
         ),
     ],
 )
@@ -60,8 +61,8 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         (
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
-            "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, max_request_bytes, "
-            "response_timeout_s, max_image_pixels, max_request_pixels$",
+            "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, "
+            "max_request_bytes, response_timeout_s, max_image_pixels, max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
