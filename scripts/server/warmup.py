@@ -32,7 +32,8 @@ from scripts.wrk.driver import Target, closed_loop
 
 SENTENCE = "A warm-up sentence for the text lanes."
 DIGITS_ROW = [0, 0, 5, 13, 9, 1, 0, 0] * 8
-BULK_ROWS = 1024  # a bulk lane's request: a chunk of rows (the batch jobs send thousands)
+BULK_ROWS = 256  # a bulk lane's request: a chunk of rows (the batch jobs send thousands; a small chunk keeps the
+# warm-up's windows of a second countable)
 STREAM_CONNECTIONS, BULK_CONNECTIONS = 16, 2  # warm_version's load: a new version shares the cores with the old
 
 
@@ -65,9 +66,11 @@ def stream_body(lane: str) -> bytes:
     return sample_body(lane.removesuffix(BULK_SUFFIX))
 
 
-def warm_lane(endpoints: Endpoints, lane: str, seconds: float, concurrency: int = 8, version: str | None = None) -> WarmUp:
-    """`concurrency` keep-alive clients sending one-row requests to `lane` (`version`) for `seconds`."""
-    url, body = endpoints.prediction_url(lane, version), stream_body(lane)
+def warm_lane(
+    endpoints: Endpoints, lane: str, seconds: float, concurrency: int = 8, version: str | None = None, body: bytes | None = None
+) -> WarmUp:
+    """`concurrency` keep-alive clients sending `body` (one row by default) to `lane` (`version`) for `seconds`."""
+    url, body = endpoints.prediction_url(lane, version), body or stream_body(lane)
     headers = {"Content-Type": JSON, **endpoints.auth("inference")}
     deadline = time.monotonic() + seconds
 
@@ -134,7 +137,7 @@ def warm_version(
     while not steady:
         window = burst(endpoints, lane, window_s, connections, version, body)
         if window is None:
-            window = warm_lane(endpoints, lane, window_s, connections, version)
+            window = warm_lane(endpoints, lane, window_s, connections, version, body)
             window = WarmUp(lane, window.requests, window.failed, window.seconds, version, (window.requests / window.seconds,))
         rates.append(window.rates[0])
         sent, failed = sent + window.requests, failed + window.failed
