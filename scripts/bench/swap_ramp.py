@@ -1,12 +1,12 @@
 """The first seconds after a hot-swap, with and without the new version's warm-up (scripts/swap/hot_swap.py).
 
-    python -m scripts.bench.swap_ramp [--swaps 4] [--runs 4] [--seconds 2] [--connections 64]
+    python -m scripts.bench.swap_ramp [--swaps 4] [--runs 4] [--seconds 2] [--connections 64] [--after-swap]
 
 One TorchServe with the digits lanes, warmed as `make serve` warms it; then swaps back and forth between
 digits 1.0 and 2.0, the warm-up off and on in the order off, on, on, off (and so on), each swap running in a
 thread: the moment the digits lane's set-default returns, `--runs` back-to-back wrk runs of `--seconds` at
 `--connections` start on /predictions/digits (the same invocation every time), while the swap drains and
-unregisters the old version. Printed: each run's req/s and p99, and the first run's rate as a fraction of the
+unregisters the old version (with --after-swap: once the swap has returned, the old version gone). Printed: each run's req/s and p99, and the first run's rate as a fraction of the
 mean of the swap's later runs and of the warm server's rate before any swap. docs/benchmarks.md ("Warm-up") quotes a run.
 """
 
@@ -39,8 +39,11 @@ def first_to_later(rates: list[float]) -> float:
     return rates[0] / (sum(later) / len(later))
 
 
-def swap_under_load(swapper: Swapper, mar: Path, target: loadgen.Target, runs: int, seconds: float, connections: int):
-    """Swap to `mar` in a thread; once the digits lane's default moved, `runs` wrk runs. Returns (report, runs)."""
+def swap_under_load(
+    swapper: Swapper, mar: Path, target: loadgen.Target, runs: int, seconds: float, connections: int, after: bool = False
+):
+    """Swap to `mar` in a thread; once the digits lane's default moved (`after`: once the swap returned), `runs` wrk
+    runs. Returns (report, runs)."""
     moved = threading.Event()
     outcome: dict[str, SwapReport | BaseException] = {}
 
@@ -60,6 +63,8 @@ def swap_under_load(swapper: Swapper, mar: Path, target: loadgen.Target, runs: i
     thread = threading.Thread(target=swap)
     thread.start()
     moved.wait()
+    if after:
+        thread.join()
     if "error" in outcome:
         raise ScriptError(f"swap to {mar.name} failed: {outcome['error']}")
     results = [loadgen.closed_loop(target, connections, seconds) for _ in range(runs)]
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--warm-seconds", type=float, default=8.0, help="the swap's warm-up bound when it is on")
+    parser.add_argument("--after-swap", action="store_true", help="start the runs once the swap returned")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="swap-ramp-") as folder:
         archives = {name: MODEL_STORE / name for name in ARCHIVES}
@@ -93,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                 swapper.warm_seconds = args.warm_seconds if gated else 0.0
                 mar = server.model_store / ARCHIVES[(index + 1) % 2]
                 print(f"swap {index + 1} to {mar.name}, warm-up {'on' if gated else 'off'}:", flush=True)
-                report, results = swap_under_load(swapper, mar, target, args.runs, args.seconds, args.connections)
+                report, results = swap_under_load(
+                    swapper, mar, target, args.runs, args.seconds, args.connections, args.after_swap
+                )
                 warm = next((w for w in report.warmups if w.lane == "digits"), None)
                 rates = [r.rps for r in results]
                 line = " | ".join(f"{r.rps:,.0f} req/s, p99 {r.p99_ms:.1f}" for r in results)

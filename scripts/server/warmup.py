@@ -27,7 +27,7 @@ import requests
 
 from scripts.layout import JSON
 from scripts.server.config import BULK_SUFFIX
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, token_refused
 from scripts.wrk.driver import Target, closed_loop
 
 SENTENCE = "A warm-up sentence for the text lanes."
@@ -76,9 +76,13 @@ def warm_lane(
 
     def client() -> tuple[int, int]:
         sent = failed = 0
+        mine = headers
         with requests.Session() as session:
             while time.monotonic() < deadline:
-                reply = session.post(url, data=body, headers=headers, timeout=60)
+                reply = session.post(url, data=body, headers=mine, timeout=60)
+                if token_refused(reply):  # the key expired meanwhile: renewed, as every client here does
+                    mine = {**mine, **endpoints.auth("inference")}
+                    reply = session.post(url, data=body, headers=mine, timeout=60)
                 sent, failed = sent + 1, failed + (reply.status_code != 200)
         return sent, failed
 
