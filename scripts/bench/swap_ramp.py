@@ -6,8 +6,9 @@ One TorchServe with the digits lanes, warmed as `make serve` warms it; then swap
 digits 1.0 and 2.0, the warm-up off and on in the order off, on, on, off (and so on), each swap running in a
 thread: the moment the digits lane's set-default returns, `--runs` back-to-back wrk runs of `--seconds` at
 `--connections` start on /predictions/digits (the same invocation every time), while the swap drains and
-unregisters the old version (with --after-swap: once the swap has returned, the old version gone). Printed: each run's req/s and p99, and the first run's rate as a fraction of the
-mean of the swap's later runs and of the warm server's rate before any swap. docs/benchmarks.md ("Warm-up") quotes a run.
+unregisters the old version (with --after-swap: once the swap has returned, the old version gone). Printed: each
+run's req/s and p99, and the first run's rate as a fraction of the mean of the swap's later runs and of the warm
+server's rate before any swap. docs/benchmarks.md ("Warm-up") quotes runs.
 """
 
 from __future__ import annotations
