@@ -1,6 +1,7 @@
 """The first seconds after a hot-swap, with and without the new version's warm-up (scripts/swap/hot_swap.py).
 
-    python -m scripts.bench.swap_ramp [--swaps 4] [--runs 4] [--seconds 2] [--connections 64] [--after-swap]
+    python -m scripts.bench.swap_ramp [--swaps 4 | --order on off off on] [--runs 4] [--seconds 2] [--connections 64]
+                                      [--after-swap]
 
 One TorchServe with the digits lanes, warmed as `make serve` warms it; then swaps back and forth between
 digits 1.0 and 2.0, the warm-up off and on in the order off, on, on, off (and so on), each swap running in a
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--warm-seconds", type=float, default=8.0, help="the swap's warm-up bound when it is on")
     parser.add_argument("--after-swap", action="store_true", help="start the runs once the swap returned")
+    parser.add_argument("--order", nargs="*", choices=["on", "off"], help="the warm-up per swap (default: off on on off ...)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="swap-ramp-") as folder:
         archives = {name: MODEL_STORE / name for name in ARCHIVES}
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"before any swap: {steady.rps:,.0f} req/s, p99 {steady.p99_ms:.1f} ms", flush=True)
             swapper = Swapper(endpoints, server.config, server.model_store)
             rows = []
-            for index, gated in enumerate(gate_order(args.swaps)):
+            order = [word == "on" for word in args.order] if args.order else gate_order(args.swaps)
+            for index, gated in enumerate(order):
                 swapper.warm_seconds = args.warm_seconds if gated else 0.0
                 mar = server.model_store / ARCHIVES[(index + 1) % 2]
                 print(f"swap {index + 1} to {mar.name}, warm-up {'on' if gated else 'off'}:", flush=True)
