@@ -8,7 +8,7 @@ Swap, per lane (`digits`, `digits-bulk`, batching from config.properties):
   2. warm-up gate: held-out data to /predictions/<lane>/<new version>; an archive that fails to load or
      answers badly is unregistered again and the old default stays. Then the new version is warmed: the lane's
      own requests to the same URL until its rate is steady or `warm_seconds` pass (scripts/server/warmup.py),
-     so the first seconds of traffic do not pay its workers' first calls;
+     so its workers' first calls are paid before clients come (what it buys: docs/benchmarks.md, "Warm-up");
   3. set-default: from here on every unversioned request goes to the new version;
   4. drain: wait until the old version's queue is empty and its workers finished the batch in hand;
   5. unregister the old version.
@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import requests
 
 from scripts import cli
 from scripts.archive.reader import MarFile
@@ -157,7 +159,10 @@ class Swapper:
                 if not result.passed:
                     raise SwapRefused(f"{archive.path.name} refused: {result.summary()}")
             for lane in lanes if self.warm_seconds > 0 else ():
-                warmed = warm_version(self.endpoints, lane, archive.version, self.warm_seconds)
+                try:
+                    warmed = warm_version(self.endpoints, lane, archive.version, self.warm_seconds)
+                except (ScriptError, requests.RequestException) as error:  # wrk failing, say: refused, not half done
+                    raise SwapRefused(f"{archive.path.name} refused: the warm-up of {lane} broke: {error}") from None
                 report.warmups.append(warmed)
                 self.log(f"{lane}: {warmed.summary()}")
                 if warmed.failed:
