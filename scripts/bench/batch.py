@@ -1,6 +1,6 @@
 """`make bench`: a 1,000,000-row batch job through the bulk lane and in-process, against the pipeline ceiling.
 
-    python -m scripts.bench.batch [--rows 1000000] [--chunk-size 2000] [--concurrency 4] [--prefetch 2]
+    python -m scripts.bench.batch [--rows 1000000] [--chunk-size 2000] [--concurrency 8] [--prefetch 2]
 
 Serves model_store/digits.mar from a throwaway TorchServe (free ports), runs the held-out digits
 repeated to --rows through `digits-bulk` (progress bar on), then the same job in-process twice: one thread
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency)
     parser.add_argument(
         "--prefetch", type=int, default=PREFETCH_CUDA, help="in-process chunks decoded ahead (default %(default)s)"
     )
