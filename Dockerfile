@@ -22,9 +22,11 @@ RUN apt-get update \
        java.base,java.compiler,java.desktop,java.management.rmi,java.naming,java.prefs,java.scripting,java.sql,jdk.sctp,jdk.unsupported,jdk.crypto.ec,jdk.management,jdk.jfr,jdk.jcmd
 
 FROM ${BASE}
-# tini as PID 1, make for the venv's recipe (their release series pinned, as above); Java from the stage above.
+# tini as PID 1, make for the venv's recipe, wrk for the warm-up before readiness (the frontend's JIT wants some
+# 50,000 requests, which only a load generator sends in seconds: docs/container.md, "Warm-up"; with LuaJIT ~0.7 MB)
+# (their release series pinned, as above); Java from the stage above.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini=0.19.* make=4.* \
+    && apt-get install -y --no-install-recommends tini=0.19.* make=4.* wrk=4.1.* \
     && rm -rf /var/lib/apt/lists/* /usr/share/man/*
 COPY --from=java /opt/java /opt/java
 ENV JAVA_HOME=/opt/java
@@ -54,12 +56,13 @@ RUN make venv-serving PYTHON=python3.11 SERVING_LOCK=${SERVING_LOCK} \
     && find .venv -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # Only what serving needs (tests/unit/test_layers.py checks it): the handler, the archive reader, the server's
-# config and process, the container's commands, TorchServe's config files. No model build code, no tools
+# config, process and warm-up (with its wrk driver), the container's commands, TorchServe's config files. No model build code, no tools
 # (clients, jobs, swap, deploy, verify, bench, hardening, image_check, gpu).
 COPY config.properties ./
 COPY monitoring/metrics.yaml monitoring/log4j2.xml monitoring/
 COPY handlers/ handlers/
 COPY scripts/__init__.py scripts/errors.py scripts/layout.py scripts/cli.py scripts/
+COPY scripts/wrk/ scripts/wrk/
 COPY scripts/archive/ scripts/archive/
 COPY scripts/server/ scripts/server/
 COPY scripts/container/ scripts/container/
@@ -76,7 +79,8 @@ VOLUME ["/keys"]
 USER 10001:10001
 # inference, management, metrics, gRPC inference, gRPC management (config.properties; TS_* variables move them)
 EXPOSE 8080 8081 8082 7070 7071
-# /ping and every lane with a READY worker; renews a key that has expired (docs/container.md, "Health").
+# /ping, every lane with a READY worker and warmed by the entry point; renews a key that has expired
+# (docs/container.md, "Health").
 HEALTHCHECK --interval=15s --timeout=10s --start-period=180s --retries=3 \
     CMD ["/srv/.venv/bin/python", "-m", "scripts.container.healthcheck", "--ready"]
 ENTRYPOINT ["/usr/bin/tini", "--"]

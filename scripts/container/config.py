@@ -21,6 +21,9 @@ from scripts.server.config import ServerConfig
 CONTAINER_CONFIG = ROOT / "config.container.properties"
 # The image's key volume (the Dockerfile's VOLUME): TorchServe runs there and writes key_file.json into it.
 KEY_DIR = Path("/keys")
+# Written next to key_file.json by the entry point once every lane has been warmed (scripts/container/warm.py);
+# the readiness check (healthcheck --ready) passes only when it is there. Removed at each start.
+WARMED_MARKER = "warmed-up.json"
 ALL_INTERFACES = "0.0.0.0"
 # TorchServe's defaults, for a config.properties that leaves an address or port out.
 DEFAULT_ADDRESSES = {

@@ -9,6 +9,10 @@ policy sees it.
 
 TorchServe runs in `--key-dir`, where it writes key_file.json (the tokens); a stop removes it there.
 
+Ready means warm: a thread beside TorchServe waits until every lane has a READY worker, warms every lane as
+`make serve` does and then writes `<key dir>/warmed-up.json`, which `healthcheck --ready` (the image's HEALTHCHECK,
+the pod's start-up and readiness probes) waits for (scripts/container/warm.py). A stale marker is removed first.
+
 Before TorchServe starts, every archive the config loads (load_models) must match the sha256 recorded next to it
 (`<archive>.sha256`, written by `make archive` where the archives were built and tested): a changed or unrecorded
 archive stops the start with a message naming it, and the container exits 1.
@@ -22,6 +26,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +34,7 @@ import psutil
 
 from scripts import cli
 from scripts.container.config import CONTAINER_CONFIG, KEY_DIR
+from scripts.container.warm import marker, warm_when_ready
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
 from scripts.server.process import BIN, check_java, stop_process_group
@@ -62,14 +68,19 @@ def serve(config: Path, key_dir: Path, stop_timeout: float = STOP_TIMEOUT_S) -> 
     checked = verify_loaded_archives(server_config, store)
     print(f"archives match their recorded sha256: {', '.join(checked) or 'none loaded'}", flush=True)
     stop = StopRequest()
+    marker(key_dir / "key_file.json").unlink(missing_ok=True)  # ready only once this run has warmed its lanes
     # A session of its own: a terminal's Ctrl-C reaches only this process, which then stops TorchServe in order.
     process = subprocess.Popen(
         torchserve("--start", "--foreground", "--ncs", "--ts-config", str(config), "--model-store", str(store)),
         cwd=key_dir,
         start_new_session=True,
     )
+    stopping = threading.Event()
+    warming = threading.Thread(target=warm_when_ready, args=(config, key_dir / "key_file.json", stopping), daemon=True)
+    warming.start()
     while process.poll() is None and stop.signal is None:
         time.sleep(POLL_S)
+    stopping.set()
     if stop.signal is None:
         stop_process_group(process, timeout=stop_timeout)  # the frontend's workers, if any are left
         raise ServerError(f"TorchServe exited on its own (status {process.returncode}); its log is above")

@@ -1,5 +1,6 @@
 """The image's HEALTHCHECK and the pod's probes: TorchServe's /ping answers 200 "Healthy", and with `--ready`
-every lane (every model the management API lists) has a worker in state READY.
+every lane (every model the management API lists) has a worker in state READY and the entry point has warmed
+every lane (its marker, warmed-up.json, stands next to key_file.json: scripts/container/warm.py).
 
 TorchServe 0.12 puts /ping behind the inference token too, so this reads key_file.json from the key volume,
 and renews a key that has expired through TorchServe's /token with the never-expiring API key
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 
 from scripts import cli
-from scripts.container.config import CONTAINER_CONFIG, DEFAULT_ADDRESSES, KEY_DIR
+from scripts.container.config import CONTAINER_CONFIG, DEFAULT_ADDRESSES, KEY_DIR, WARMED_MARKER
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints, token_refused
@@ -78,9 +79,9 @@ def _get(endpoints: Endpoints, kind: str, url: str) -> requests.Response:
     return endpoints.with_token(kind, send, token_refused)
 
 
-def check(config: Path, key_file: Path, ready: bool = False) -> None:
-    """Returns when /ping says Healthy (and, with `ready`, every lane has a READY worker); else ServerError
-    (or ConfigError: no key_file.json yet)."""
+def check(config: Path, key_file: Path, ready: bool = False, warmed: bool = False) -> None:
+    """Returns when /ping says Healthy (and, with `ready`, every lane has a READY worker; with `warmed` too, the
+    lanes have been warmed); else ServerError (or ConfigError: no key_file.json yet)."""
     endpoints = endpoints_for(config, key_file)
     url = f"{endpoints.inference}/ping"
     reply = _get(endpoints, "inference", url)
@@ -88,6 +89,8 @@ def check(config: Path, key_file: Path, ready: bool = False) -> None:
         raise ServerError(f"{url}: HTTP {reply.status_code} {' '.join(reply.text.split())[:200]}")
     if ready:
         check_lanes(endpoints)
+    if warmed and not key_file.with_name(WARMED_MARKER).exists():
+        raise ServerError(f"the lanes are not warmed up yet (no {key_file.with_name(WARMED_MARKER)}; the entry point writes it)")
 
 
 def check_lanes(endpoints: Endpoints) -> None:
@@ -114,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--config", type=Path, default=CONTAINER_CONFIG, help="the config.properties TorchServe runs with")
     parser.add_argument("--key-file", type=Path, default=KEY_DIR / "key_file.json", help="TorchServe's key_file.json")
-    parser.add_argument("--ready", action="store_true", help="also every lane has a READY worker (readiness)")
+    parser.add_argument("--ready", action="store_true", help="also every lane has a READY worker and was warmed (readiness)")
     args = parser.parse_args(argv)
-    check(args.config, args.key_file, args.ready)
+    check(args.config, args.key_file, args.ready, warmed=args.ready)
     print("Healthy")
     return 0
 

@@ -6,7 +6,9 @@
 3. run: detached, as the image's non-root user, the host's network (podman's other network modes need
    privileges this sandbox lacks) with every listener moved to free loopback ports, a new named key volume;
    The image's size must be at most MAX_IMAGE_BYTES (1.5 GB, the CPU build of torch here; checked last).
-4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root;
+4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root; the entry
+   point's warm-up record (/keys/warmed-up.json, which the HEALTHCHECK waits for) names every lane the image
+   loads, each answered, after a wrk burst of thousands of requests (wrk is in the image);
 5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; the image's minilm.mar is the
    tested model_store/minilm.mar (same sha256), and a sentence's embedding equals the in-process core's within 1e-5;
 6. keys: the container runs with keys that expire after 30 s (its own config with token_expiration_min=0.5,
@@ -37,12 +39,13 @@ from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
-from scripts.container.config import listener_environment
+from scripts.container.config import WARMED_MARKER, listener_environment
 from scripts.image_check.base import BASE_IMAGE, ensure_base
 from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
 from scripts.image_check.podman import ContainerError, Podman
 from scripts.jobs.runners import InProcessRunner
-from scripts.layout import BUILD, ROOT
+from scripts.layout import BUILD, CONFIG, ROOT
+from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.process import free_ports
 
@@ -83,6 +86,8 @@ class Figures:
     build_s: float = 0.0
     image_bytes: int = 0
     healthy_s: float = 0.0
+    warm_up_requests: int = 0  # what the entry point's warm-up sent before the HEALTHCHECK could pass
+    warm_up_failed: int = 0  # of them not answered 200 (keys expiring every 30 s here can refuse some)
     digits_label: int = -1
     digits_score: float = 0.0
     embedding_max_difference: float = 0.0
@@ -190,6 +195,20 @@ def check_non_root(podman: Podman, name: str) -> None:
         raise ImageTestError(f"processes running as root in the container: {root or 'none listed'}")
 
 
+def check_warmed(container: Container, figures: Figures) -> None:
+    """The entry point warmed every lane before the HEALTHCHECK passed: its record in the key volume."""
+    path = container.keys / WARMED_MARKER
+    record = json.loads(path.read_text()) if path.exists() else {}
+    warmed = record.get("warm_ups", [])
+    lanes = sorted(ServerConfig.read(CONFIG).lanes())
+    answered = sorted({w["lane"] for w in warmed if w["requests"] > w["failed"]})
+    burst = warmed[0] if warmed else {}
+    if answered != lanes or burst.get("lane") != "digits" or burst.get("requests", 0) - burst.get("failed", 0) < 1000:
+        raise ImageTestError(f"the warm-up record {path} does not show a wrk burst and every lane {lanes} answered: {record}")
+    figures.warm_up_requests = sum(w["requests"] for w in warmed)
+    figures.warm_up_failed = sum(w["failed"] for w in warmed)
+
+
 def check_digit(endpoints: Endpoints, figures: Figures) -> None:
     reply = predict(endpoints, "digits", DIGIT.read_bytes(), "image/png", timeout=60)
     body = reply.json()
@@ -272,6 +291,8 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
             figures.healthy_s = wait_healthy(podman, container.name)
             print(f"healthy after {figures.healthy_s:.0f}s", flush=True)
             check_non_root(podman, container.name)
+            check_warmed(container, figures)
+            print(f"warmed with {figures.warm_up_requests:,} requests ({figures.warm_up_failed} failed)", flush=True)
             check_digit(container.endpoints, figures)
             check_embedding(podman, container, figures)
             survive_key_expiry(podman, container, figures)

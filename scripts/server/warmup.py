@@ -1,34 +1,40 @@
-"""Warm a started TorchServe before it takes traffic: `make serve`'s readiness (and the benchmarks' servers).
+"""Warm a lane before it takes traffic: `make serve`'s readiness, the pod's (scripts/container/entrypoint.py) and
+hot-swap's (a new version before it becomes the default; scripts/swap/hot_swap.py).
 
 A fresh server is slow at first (docs/benchmarks.md, "Warm-up"): the JVM interprets the frontend's request path
 until its JIT has compiled it, which takes some 50,000 requests (the first ~8 s at 64 connections here), and each
 worker's first calls into its model are slower than later ones. So, before a client comes:
   - the JIT: a wrk burst (64 keep-alive connections, one-row requests) on one stream lane for `burst_seconds`;
     every lane shares the frontend's request path, so one lane pays it for all. wrk is a system package of the
-    test layer (system-packages.sh); where it is missing the burst is skipped and said so (Python clients reach
-    a few thousand requests in the same time, far too few: measured in docs/benchmarks.md);
+    test layer (system-packages.sh) and of the serving image; where it is missing the burst is skipped and said so
+    (Python clients reach a few thousand requests in the same time, far too few: measured in docs/benchmarks.md);
   - the workers' first calls: concurrent one-row requests from Python to every stream lane for a few seconds,
     and a few requests to every bulk lane.
+A new version registered beside a warm one (hot-swap) needs only its workers warmed: `warm_version` sends the
+lane's own requests to /predictions/<lane>/<version> in windows of a second until two windows in a row run at
+the same rate (within `tolerance`) or `max_seconds` pass.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 import requests
 
+from scripts.layout import JSON
 from scripts.server.config import BULK_SUFFIX
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, token_refused
+from scripts.wrk.driver import Target, closed_loop
 
 SENTENCE = "A warm-up sentence for the text lanes."
+DIGITS_ROW = [0, 0, 5, 13, 9, 1, 0, 0] * 8
+BULK_ROWS = 256  # a bulk lane's request: a chunk of rows (the batch jobs send thousands; a small chunk keeps the
+# warm-up's windows of a second countable)
+STREAM_CONNECTIONS, BULK_CONNECTIONS = 16, 2  # warm_version's load: a new version shares the cores with the old
 
 
 @dataclass(frozen=True)
@@ -37,66 +43,66 @@ class WarmUp:
     requests: int
     failed: int
     seconds: float
+    version: str | None = None  # warm_version: the version warmed
+    rates: tuple[float, ...] = ()  # warm_version: req/s of each window
+    steady: bool = False  # warm_version: the last two windows ran within the tolerance
+
+    def summary(self) -> str:
+        rates = " -> ".join(f"{rate:,.0f}" for rate in self.rates)
+        verdict = "steady" if self.steady else "not steady, time is up"
+        where = self.lane + (f" {self.version}" if self.version else "")
+        done = f"{self.requests:,} requests in {self.seconds:.1f}s ({rates} req/s, {verdict})"
+        return f"warm-up of {where}: {done}, {self.failed} failed"
 
 
 def sample_body(lane: str) -> bytes:
-    """One interactive request for the lane's model: a one-row digits grid, or a sentence for text lanes."""
-    if lane.removesuffix(BULK_SUFFIX).startswith("minilm"):
-        return orjson.dumps({"instances": [SENTENCE]})
-    return orjson.dumps({"instances": [[0, 0, 5, 13, 9, 1, 0, 0] * 8]})
+    """One request of the lane's kind: a one-row digits grid or a sentence, and a chunk of them for a bulk lane."""
+    row = SENTENCE if lane.removesuffix(BULK_SUFFIX).startswith("minilm") else DIGITS_ROW
+    return orjson.dumps({"instances": [row] * (BULK_ROWS if lane.endswith(BULK_SUFFIX) else 1)})
 
 
-def warm_lane(endpoints: Endpoints, lane: str, seconds: float, concurrency: int = 8) -> WarmUp:
-    """`concurrency` keep-alive clients sending one-row requests to `lane` for `seconds`."""
-    url, body = endpoints.prediction_url(lane), sample_body(lane)
-    headers = {"Content-Type": "application/json", **endpoints.auth("inference")}
+def stream_body(lane: str) -> bytes:
+    """One interactive (one-row) request for the lane's model, whatever kind of lane it is."""
+    return sample_body(lane.removesuffix(BULK_SUFFIX))
+
+
+def warm_lane(
+    endpoints: Endpoints, lane: str, seconds: float, concurrency: int = 8, version: str | None = None, body: bytes | None = None
+) -> WarmUp:
+    """`concurrency` keep-alive clients sending `body` (one row by default) to `lane` (`version`) for `seconds`."""
+    url, body = endpoints.prediction_url(lane, version), body or stream_body(lane)
+    headers = {"Content-Type": JSON, **endpoints.auth("inference")}
     deadline = time.monotonic() + seconds
 
     def client() -> tuple[int, int]:
         sent = failed = 0
+        mine = headers
         with requests.Session() as session:
             while time.monotonic() < deadline:
-                reply = session.post(url, data=body, headers=headers, timeout=60)
+                reply = session.post(url, data=body, headers=mine, timeout=60)
+                if token_refused(reply):  # the key expired meanwhile: renewed, as every client here does
+                    mine = {**mine, **endpoints.auth("inference")}
+                    reply = session.post(url, data=body, headers=mine, timeout=60)
                 sent, failed = sent + 1, failed + (reply.status_code != 200)
         return sent, failed
 
     started = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda _: client(), range(concurrency)))
-    return WarmUp(lane, sum(r[0] for r in results), sum(r[1] for r in results), time.monotonic() - started)
+    return WarmUp(lane, sum(r[0] for r in results), sum(r[1] for r in results), time.monotonic() - started, version)
 
 
-WRK_SCRIPT = """wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer {token}"
-local file = io.open("{body}", "rb")
-wrk.body = file:read("*a")
-file:close()
-"""
-
-
-def burst(endpoints: Endpoints, lane: str, seconds: float, connections: int = 64) -> WarmUp | None:
-    """wrk on `lane` for `seconds` at `connections` (the frontend's JIT); None where wrk is not installed."""
-    wrk = shutil.which("wrk")
-    if wrk is None or seconds <= 0:
+def burst(
+    endpoints: Endpoints, lane: str, seconds: float, connections: int = 64, version: str | None = None, body: bytes | None = None
+) -> WarmUp | None:
+    """wrk on `lane` (`version`) for `seconds` at `connections`; None where wrk is not installed."""
+    if shutil.which("wrk") is None or seconds <= 0:
         return None
-    token = endpoints.token("inference")
-    with tempfile.TemporaryDirectory(prefix="warmup-") as folder:
-        body, script = Path(folder) / "body.json", Path(folder) / "post.lua"
-        body.write_bytes(sample_body(lane))
-        script.write_text(WRK_SCRIPT.format(token=token, body=body))
-        command = [wrk, "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script)]
-        started = time.monotonic()
-        done = subprocess.run(
-            [*command, endpoints.prediction_url(lane)], capture_output=True, text=True, timeout=seconds + 60, check=True
-        )
-    sent = re.search(r"(\d+) requests in", done.stdout)
-    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
-    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", done.stdout)
-    lost = sum(int(n) for n in errors.groups()) if errors else 0
-    return WarmUp(
-        lane, int(sent.group(1)) if sent else 0, (int(failed.group(1)) if failed else 0) + lost, time.monotonic() - started
-    )
+    url = endpoints.prediction_url(lane, version)
+    target = Target(url, body or stream_body(lane), JSON, endpoints.token("inference"))
+    started = time.monotonic()
+    run = closed_loop(target, connections, seconds, timeout_s=30)
+    return WarmUp(lane, run.requests, run.errors, time.monotonic() - started, version, (run.rps,))
 
 
 def burst_lane(lanes: list[str]) -> str | None:
@@ -118,3 +124,28 @@ def warm_up(endpoints: Endpoints, lanes: list[str], seconds: float = 4.0, burst_
             warmed.append(jit)
     warmed += [warm_lane(endpoints, lane, seconds / 10 if lane.endswith(BULK_SUFFIX) else seconds) for lane in lanes]
     return warmed
+
+
+def warm_version(
+    endpoints: Endpoints, lane: str, version: str, max_seconds: float = 8.0, tolerance: float = 0.1, window_s: float = 1.0
+) -> WarmUp:
+    """The lane's own requests (sample_body) to /predictions/<lane>/<version>, in windows of `window_s`, until two
+    windows in a row ran within `tolerance` of each other's rate or `max_seconds` passed (at least two windows).
+    wrk at STREAM_CONNECTIONS (BULK_CONNECTIONS on a bulk lane); Python clients where wrk is missing."""
+    connections = BULK_CONNECTIONS if lane.endswith(BULK_SUFFIX) else STREAM_CONNECTIONS
+    body = sample_body(lane)
+    rates: list[float] = []
+    sent = failed = 0
+    started = time.monotonic()
+    steady = False
+    while not steady:
+        window = burst(endpoints, lane, window_s, connections, version, body)
+        if window is None:
+            window = warm_lane(endpoints, lane, window_s, connections, version, body)
+            window = WarmUp(lane, window.requests, window.failed, window.seconds, version, (window.requests / window.seconds,))
+        rates.append(window.rates[0])
+        sent, failed = sent + window.requests, failed + window.failed
+        steady = len(rates) >= 2 and abs(rates[-1] - rates[-2]) <= tolerance * max(rates[-1], rates[-2])
+        if failed or time.monotonic() - started + window_s > max_seconds:
+            break
+    return WarmUp(lane, sent, failed, time.monotonic() - started, version, tuple(rates), steady)

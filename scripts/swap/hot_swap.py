@@ -6,7 +6,9 @@
 Swap, per lane (`digits`, `digits-bulk`, batching from config.properties):
   1. register the archive's version with the lane's batching and workers, synchronously (workers loaded);
   2. warm-up gate: held-out data to /predictions/<lane>/<new version>; an archive that fails to load or
-     answers badly is unregistered again and the old default stays;
+     answers badly is unregistered again and the old default stays. Then the new version is warmed: the lane's
+     own requests to the same URL until its rate is steady or `warm_seconds` pass (scripts/server/warmup.py),
+     so its workers' first calls are paid before clients come (what it buys: docs/benchmarks.md, "Warm-up");
   3. set-default: from here on every unversioned request goes to the new version;
   4. drain: wait until the old version's queue is empty and its workers finished the batch in hand;
   5. unregister the old version.
@@ -22,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import requests
+
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.clients.load import send_concurrently
@@ -29,6 +33,7 @@ from scripts.errors import ArchiveError, ScriptError
 from scripts.layout import JSON
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
+from scripts.server.warmup import WarmUp, warm_version
 from scripts.swap.gates import GateResult, gate_for
 from scripts.swap.management import ManagementApi, ManagementError, VersionState
 
@@ -53,6 +58,7 @@ class SwapReport:
     new_version: str
     old_versions: dict[str, str]  # lane -> version it replaced
     gates: list[GateResult] = field(default_factory=list)
+    warmups: list[WarmUp] = field(default_factory=list)
     started: float = 0.0  # time.monotonic() before the first register
     default_requested: dict[str, float] = field(default_factory=dict)
     default_set: dict[str, float] = field(default_factory=dict)  # when set-default returned, per lane
@@ -71,6 +77,7 @@ class Swapper:
     config: Path
     model_store: Path
     log: Callable[[str], None] = print
+    warm_seconds: float = 8.0  # the most a new version's warm-up may take per lane; 0: no warm-up
 
     @property
     def api(self) -> ManagementApi:
@@ -151,6 +158,15 @@ class Swapper:
                 self.log(f"{lane}: {result.summary()}")
                 if not result.passed:
                     raise SwapRefused(f"{archive.path.name} refused: {result.summary()}")
+            for lane in lanes if self.warm_seconds > 0 else ():
+                try:
+                    warmed = warm_version(self.endpoints, lane, archive.version, self.warm_seconds)
+                except (ScriptError, requests.RequestException) as error:  # wrk failing, say: refused, not half done
+                    raise SwapRefused(f"{archive.path.name} refused: the warm-up of {lane} broke: {error}") from None
+                report.warmups.append(warmed)
+                self.log(f"{lane}: {warmed.summary()}")
+                if warmed.failed:
+                    raise SwapRefused(f"{archive.path.name} refused: {warmed.summary()}")
         except (ManagementError, SwapRefused) as error:
             for lane in registered:
                 self.api.unregister(lane, archive.version)
@@ -238,12 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["swap", "rollback"])
     parser.add_argument("--model", default="digits", help="the stream lane's name; its -bulk lane swaps with it")
     parser.add_argument("--mar", type=Path, help="swap: the new archive, in the model store (model_store/<model>-<version>.mar)")
+    parser.add_argument(
+        "--warm-up-seconds", type=float, default=8.0, help="the most the new version's warm-up may take per lane (0: none)"
+    )
     cli.add_server_options(parser)
     args = parser.parse_args(argv)
     if args.action == "swap" and args.mar is None:
         parser.error("swap needs --mar model_store/<model>-<version>.mar (make swap MAR=...)")
     config = ServerConfig.read(args.config)
-    swapper = Swapper(Endpoints.from_config(args.config, args.key_file), args.config, config.model_store)
+    endpoints = Endpoints.from_config(args.config, args.key_file)
+    swapper = Swapper(endpoints, args.config, config.model_store, warm_seconds=args.warm_up_seconds)
     if args.action == "swap":
         swapper.swap(args.model, args.mar)
     else:

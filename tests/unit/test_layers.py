@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("handlers",),
     ("scripts.errors", "scripts.layout"),
     ("scripts.cli",),
+    ("scripts.wrk",),
     ("models",),
     ("scripts.archive",),
     ("scripts.server",),
@@ -121,9 +122,9 @@ def test_the_check_catches_an_upward_and_a_sideways_import(tmp_path, monkeypatch
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert upward_imports(sorted(tmp_path.rglob("*.py"))) == [
-        "scripts/archive/lane.py: scripts.archive (4) imports scripts.server (5)",
-        "scripts/bench/up.py: scripts.bench (8) imports scripts.hardening (9)",
-        "scripts/jobs/job.py: scripts.jobs (7) imports scripts.swap (7)",
+        "scripts/archive/lane.py: scripts.archive (5) imports scripts.server (6)",
+        "scripts/bench/up.py: scripts.bench (9) imports scripts.hardening (10)",
+        "scripts/jobs/job.py: scripts.jobs (8) imports scripts.swap (8)",
     ]
 
 

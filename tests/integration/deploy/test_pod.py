@@ -16,6 +16,7 @@ import pytest
 import requests
 import yaml
 
+from scripts.container.warm import marker, warm
 from scripts.deploy.manifests import K8S
 from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
@@ -39,7 +40,26 @@ def run_probe(command: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
+def test_readiness_waits_for_the_entry_points_warm_up(digits_server):
+    """Start-up and readiness fail until every lane has been warmed (the marker the entry point writes after the
+    warm-up), liveness does not wait; the warm-up itself is the entry point's, on the real lanes."""
+    key_file = digits_server.endpoints.key_file
+    marker(key_file).unlink(missing_ok=True)
+    for probe in ("startupProbe", "readinessProbe"):
+        waiting = run_probe(probe_command(digits_server, key_file, probe))
+        assert waiting.returncode != 0 and "not warmed up yet" in waiting.stderr, waiting.stderr
+    assert run_probe(probe_command(digits_server, key_file, "livenessProbe")).returncode == 0
+    warmed = warm(digits_server.server.config, key_file, seconds=0.5, burst_seconds=1.0 if shutil.which("wrk") else 0)
+    assert {w.lane for w in warmed} == {"digits", "digits-bulk"} and all(w.requests > 0 and w.failed == 0 for w in warmed)
+    record = json.loads(marker(key_file).read_text())
+    assert record["lanes"] == ["digits", "digits-bulk"]
+    assert sum(w["requests"] for w in record["warm_ups"]) == sum(w.requests for w in warmed)
+    passed = run_probe(probe_command(digits_server, key_file))
+    assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr
+
+
 def test_the_probes_pass_with_the_servers_key_and_fail_without_it(digits_server, tmp_path):
+    marker(digits_server.endpoints.key_file).write_text("{}")  # warmed (the test above warms for real)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         passed = run_probe(probe_command(digits_server, digits_server.endpoints.key_file, probe))
         assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr

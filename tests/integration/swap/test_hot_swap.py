@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -124,16 +125,38 @@ def version_of(answer: Answer, references: dict[str, np.ndarray]) -> str | None:
     return version if distances[version] <= SAME_VERSION else None
 
 
-def test_swap_and_rollback_under_load_lose_no_request(swap_server, swapper):
+def served_by_version(endpoints, lane: str) -> dict[str, float]:
+    """{version: requests the frontend counted} of `lane`, from TorchServe's /metrics (ts_inference_requests_total)."""
+    text = requests.get(f"{endpoints.metrics}/metrics", timeout=30).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("ts_inference_requests_total{") and f'model_name="{lane}"' in line:
+            version = re.search(r'model_version="([^"]*)"', line).group(1)
+            counts[version] = counts.get(version, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_swap_and_rollback_under_load_lose_no_request(swap_server, swapper, monkeypatch):
     endpoints = swap_server.endpoints
+    # What each new version had served when its set-default call went out: the gate's and the warm-up's requests.
+    at_set_default: list[tuple[str, str, dict[str, float]]] = []
+    set_default = ManagementApi.set_default
+
+    def counted_set_default(api, lane, version):
+        at_set_default.append((lane, version, served_by_version(endpoints, lane)))
+        return set_default(api, lane, version)
+
+    monkeypatch.setattr(ManagementApi, "set_default", counted_set_default)
     grids, _ = held_out(SAMPLES)
     bodies = [grid_png(grid) for grid in grids]
     references = {"1.0": reference_scores(endpoints, bodies, "1.0")}
     with Load(endpoints, bodies) as load:
         time.sleep(2)
+        served_before = {"2.0": {lane: served_by_version(endpoints, lane) for lane in ("digits", "digits-bulk")}}
         forward = swapper.swap("digits", swap_server.model_store / "digits-2.0.mar")
         references["2.0"] = reference_scores(endpoints, bodies, "2.0")
         time.sleep(2)
+        served_before["1.0"] = {lane: served_by_version(endpoints, lane) for lane in ("digits", "digits-bulk")}
         back = swapper.rollback("digits")
         time.sleep(2)
     answers = load.answers
@@ -170,6 +193,27 @@ def test_swap_and_rollback_under_load_lose_no_request(swap_server, swapper):
     assert versions(swap_server) == {"1.0": True}
     assert versions(swap_server, "digits-bulk") == {"1.0": True}
     assert swapper.history() == {"digits": []}
+
+    # The warm-up gate: between the swap's start and its set-default, the new version of each lane served the
+    # warm-up's requests (sent to /predictions/<lane>/<version>) on top of the gate's one (TorchServe's counter is
+    # per version label and outlives an unregistered version, hence the difference); the warm-up ran until steady
+    # or its bound.
+    for report in (forward, back):
+        warmed = {w.lane: w for w in report.warmups}
+        assert sorted(warmed) == ["digits", "digits-bulk"] and all(w.version == report.new_version for w in warmed.values())
+        assert all(w.failed == 0 and len(w.rates) >= 2 for w in warmed.values())
+        assert all(w.steady or w.seconds >= swapper.warm_seconds - 1.5 for w in warmed.values())
+        assert warmed["digits"].requests > 500  # wrk at 16 connections for a second at least
+        for lane, w in warmed.items():
+            [counts] = [c for name, v, c in at_set_default if (name, v) == (lane, report.new_version)]
+            served = counts.get(report.new_version, 0) - served_before[report.new_version][lane].get(report.new_version, 0)
+            assert served >= w.requests + 1, (lane, counts, w)
+    print(
+        "warm-ups before set-default: "
+        + "; ".join(f"{w.summary()}" for report in (forward, back) for w in report.warmups)
+        + "; counted at set-default: "
+        + "; ".join(f"{lane} {version}: {counts}" for lane, version, counts in at_set_default)
+    )
     print(
         f"\nhot-swap under load: {len(answers)} requests ({len(during)} sent during the two swaps), "
         f"{len(failures)} failed; register -> old unregistered: 1.0->2.0 {forward.seconds:.1f}s, 2.0->1.0 {back.seconds:.1f}s"
