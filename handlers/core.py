@@ -125,6 +125,10 @@ class InferenceCore:
         task = self.task.for_request() if hasattr(self.task, "for_request") else self.task
         if payload.raw:
             return [_decoded(task.decode_raw, payload.items[0])]
+        # Optional: all items at once, vectorised, when they are all of the task's plain kind (None otherwise).
+        many = task.decode_many(payload.items) if hasattr(task, "decode_many") else None
+        if many is not None:
+            return many
         rows = []
         for position, item in enumerate(payload.items):
             try:

@@ -31,6 +31,10 @@ class Task(Protocol):
     # Optional: `for_request() -> Task`, the decoders for one request, for limits that span its items (the digits
     # task's pixel budget); InferenceCore.decode calls it once per request when the task has it.
 
+    # Optional: `decode_many(items) -> list | None`, every JSON instance of a request at once (vectorised), giving
+    # exactly the rows decode_instance gives item by item, or None to let the core decode item by item (it does
+    # whenever an item is not of the plain kind, so errors name the first bad item as before).
+
     def decode_raw(self, body: bytes | str) -> Any:
         """One raw request body -> one row; raise RequestError naming what is wrong."""
 

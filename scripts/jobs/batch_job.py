@@ -53,7 +53,9 @@ class JobConfig:
     resume: bool = False
     overwrite: bool = False
     chunk_size: int = 1000
-    concurrency: int = 4
+    # Server: chunks in flight. Twice the bulk lanes' batchSize (4, config.properties): while the worker runs one
+    # batch the next is already queued, so it never waits maxBatchDelay for chunks the job is still reading.
+    concurrency: int = 8
     # In-process: chunks read and decoded ahead of the forward pass (0: one thread does all). None: PREFETCH_CUDA
     # on CUDA, 0 on the CPU, where the prefetch thread's Python competes with the forward pass for the GIL and the
     # cores and costs more than it hides (docs/benchmarks.md: 18,805 vs 21,334 rows/s at 1M digits rows).

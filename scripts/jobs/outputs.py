@@ -30,9 +30,10 @@ class OutputError(ScriptError):
     """The output cannot be started or resumed as asked: says why and what to do instead."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RowResult:
-    """What became of one input row: a prediction, or an error saying why the row was rejected."""
+    """What became of one input row: a prediction, or an error saying why the row was rejected. Not frozen, like
+    Row (scripts/jobs/inputs.py): one per row; nothing changes it."""
 
     row: Row
     prediction: Any = None

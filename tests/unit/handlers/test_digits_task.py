@@ -42,6 +42,45 @@ def test_bad_instances_say_what_is_expected(item, message):
         TASK.decode_instance(item)
 
 
+def test_plain_rows_decode_at_once_to_the_grids_of_item_by_item():
+    grids = held_out(5)[0]
+    items = [grid.flatten().tolist() for grid in grids]
+    items[1] = [float(v) + 0.25 if v < 16 else 16.0 for v in items[1]]  # floats, and ints and floats mixed below
+    items[2][0] = 0.5
+    many = TASK.decode_many(items)
+    assert many is not None and len(many) == 5
+    for row, item in zip(many, items, strict=True):
+        assert row.dtype == np.float32 and row.shape == (8, 8)
+        np.testing.assert_array_equal(row, TASK.decode_instance(item))
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        [1] * 63 + [17],
+        [1] * 63 + [True],
+        [1] * 63 + ["3"],
+        [1] * 63 + [float("nan")],
+        [1] * 63 + [10**400],
+        [1] * 63 + [-1],
+        [1] * 63,
+        [[1] * 8] * 8,
+        {"b64": "x"},
+        "abc",
+    ],
+)
+def test_any_other_item_leaves_decoding_to_the_item_by_item_path(odd):
+    assert TASK.decode_many([[0] * 64, odd]) is None
+
+
+def test_a_bad_row_among_plain_ones_is_named_as_before():
+    settings = HandlerSettings.from_yaml({"handler": {"task": TASK.name, "model_file": "digits.pt2"}})
+    core = InferenceCore(TASK, model=None, device=torch.device("cpu"), settings=settings)
+    with pytest.raises(RequestError, match=r"instances\[2\]: expected 64 values in 0..16, got 17"):
+        core.decode(Payload(items=[[0] * 64, [16] * 64, [0] * 63 + [17]], raw=False))
+    assert len(core.decode(Payload(items=[[0] * 64, [16] * 64], raw=False))) == 2
+
+
 def test_collate_pads_to_a_fixed_batch_in_deterministic_mode():
     rows = [np.ones((8, 8), dtype=np.float32)] * 3
     assert TASK.collate(rows, None).shape == (3, 1, 8, 8)
