@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from handlers.errors import RequestError, too_large, unsupported_media
+from handlers.worker_protocol import UnreadValue
 
 INSTANCES = "instances"
 BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")
@@ -94,7 +95,7 @@ def read_request(
         raise _form_fields(request, _media(next((v for k, v in headers.items() if k.lower() == "content-type"), "")))
     media = _media(headers.get(name))
     body = request[name]
-    if isinstance(body, (bytes, bytearray, str)):
+    if isinstance(body, (bytes, bytearray, str, UnreadValue)):
         limits.check_bytes(len(body))
     payload = read_body(body, media)
     if payload.raw:

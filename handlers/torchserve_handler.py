@@ -21,6 +21,7 @@ from handlers.host_memory import HostMemory
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
+from handlers.worker_protocol import install as install_frame_reader
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,11 @@ class UnifiedHandler:
         timeout_s = settings.timeout_for(lane)
         if timeout_s is not None:
             self.timeout = LaneTimeout(lane, timeout_s)
+        # From the next message on (this load's answer has not been sent yet, so nothing is buffered half read).
+        fast_protocol = settings.fast_protocol and install_frame_reader(self.limits.max_bytes)
         logger.info(
             "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, max_request_bytes=%s, "
-            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d",
+            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d, fast protocol=%s",
             context.model_name,
             settings.task,
             device,
@@ -82,6 +85,7 @@ class UnifiedHandler:
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),
+            fast_protocol,
         )
         self.metrics = HandlerMetrics.for_context(context, device)
         self.metrics.started()

@@ -1,0 +1,77 @@
+"""A lane served with its archive as built and with some handler settings changed, side by side in one server.
+
+    python -m scripts.bench.ab --set fast_protocol=false [--model digits] [--connections 1 4 64] [--rounds 3]
+
+Both lanes get the stream lane's batching from config.properties; they take turns (A, B, A, B, ...) under wrk at
+each connection count after both were warmed (3 s at 64 connections), so drift on a noisy box hits both. Prints
+req/s and p50 per round and the median ratio B/A. Used for the measurements behind handler settings (e.g.
+docs/benchmarks.md, "The worker's message reader").
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from scripts import cli
+from scripts.archive.variant import write_variant
+from scripts.bench import loadgen
+from scripts.bench.stream import request_body
+from scripts.layout import JSON, MODEL_STORE
+from scripts.server.config import ServerConfig
+from scripts.server.temporary import serving_in
+
+
+def lanes(model: str) -> dict[str, str]:
+    lane = ServerConfig.read().lane_settings(model)[model]
+    entry = {
+        "minWorkers": lane.workers,
+        "maxWorkers": lane.workers,
+        "batchSize": lane.batch_size,
+        "maxBatchDelay": lane.max_batch_delay,
+        "responseTimeout": lane.response_timeout,
+    }
+    models = {"A": {"1.0": {**entry, "marName": f"{model}.mar"}}, "B": {"1.0": {**entry, "marName": f"{model}-b.mar"}}}
+    return {"load_models": f"A={model}.mar,B={model}-b.mar", "models": json.dumps(models)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--model", default="digits")
+    parser.add_argument("--set", nargs="+", required=True, metavar="KEY=YAML", help="handler settings of lane B")
+    parser.add_argument("--connections", nargs="+", type=int, default=[1, 4, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    args = parser.parse_args(argv)
+    changed = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
+    body = request_body(args.model)
+    with tempfile.TemporaryDirectory(prefix="ab-") as folder:
+        variant = write_variant(MODEL_STORE / f"{args.model}.mar", Path(folder) / f"{args.model}-b.mar", changed)
+        archives = {f"{args.model}.mar": MODEL_STORE / f"{args.model}.mar", f"{args.model}-b.mar": variant}
+        with serving_in(Path(folder) / "torchserve", archives, lanes(args.model)) as server:
+            token = server.endpoints.token("inference")
+            targets = {name: loadgen.Target(server.endpoints.prediction_url(name), body, JSON, token) for name in "AB"}
+            for target in targets.values():
+                loadgen.closed_loop(target, 64, 3.0)
+            print(f"A: {args.model}.mar as built; B: {changed}")
+            print("| connections | round | A req/s | B req/s | A p50 ms | B p50 ms |")
+            print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+            for connections in args.connections:
+                ratios = []
+                for round_ in range(args.rounds):
+                    a, b = (loadgen.closed_loop(targets[name], connections, args.seconds) for name in "AB")
+                    ratios.append(b.rps / a.rps if a.rps else 0.0)
+                    print(
+                        f"| {connections} | {round_ + 1} | {a.rps:,.0f} | {b.rps:,.0f} | {a.p50_ms:.2f} | {b.p50_ms:.2f} |",
+                        flush=True,
+                    )
+                print(f"| {connections} | median B/A | {statistics.median(ratios):.2f}x | | | |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(lambda: main())
