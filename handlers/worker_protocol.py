@@ -70,9 +70,7 @@ class FrameReader:
     `max_value_bytes`: request values longer than this are let go unread (an UnreadValue in their place);
     None keeps every value, as TorchServe does."""
 
-    def __init__(
-        self, conn: socket.socket, buffer_bytes: int = BUFFER_BYTES, max_value_bytes: int | None = None
-    ) -> None:
+    def __init__(self, conn: socket.socket, buffer_bytes: int = BUFFER_BYTES, max_value_bytes: int | None = None) -> None:
         self.conn = conn
         self.max_value_bytes = max_value_bytes
         self.buffer = bytearray(buffer_bytes)

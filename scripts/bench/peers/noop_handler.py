@@ -1,8 +1,10 @@
 """The transport floor: a TorchServe handler that answers every request with a tiny fixed JSON.
 
-Packed alone at the archive root (stdlib only), so it measures TorchServe itself (Netty, the batcher,
-the worker socket, the Python backend's request loop) and nothing of ours. `build_noop_archive()`
-makes the .mar with torch-model-archiver.
+Packed at the archive root (stdlib only), so it measures TorchServe itself (Netty, the batcher, the worker
+socket, the Python backend's request loop) and none of our handler's work. It sets the worker up as our handler
+does: the same log levels, and our message reader (handlers/worker_protocol.py, packed beside it) in place of
+TorchServe's, so the floor is what the lane's requests cost outside the handler. `build_noop_archive()` makes the
+.mar with torch-model-archiver.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 ANSWER = b'{"label":0,"scores":[1.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0,0.0]}'
 JSON = "application/json"  # not scripts.layout's: this file is packed alone, stdlib only
+# The worker's message reader our handler installs; stdlib only too.
+READER = Path(__file__).resolve().parents[3] / "handlers" / "worker_protocol.py"
 
 
 def handle(data, context):
@@ -21,6 +25,9 @@ def handle(data, context):
     if data is None:  # the load-time call: the worker's logging as our handler sets it (handlers/metrics.py)
         logging.getLogger().setLevel(logging.WARNING)  # no "Backend received inference" line per batch
         logging.getLogger("ts.metrics").setLevel(logging.WARNING)  # nor TorchServe's PredictionTime line
+        import worker_protocol  # packed beside this file (build_noop_archive)
+
+        worker_protocol.install()
         return None
     for index in range(len(data)):
         context.set_response_content_type(index, JSON)
@@ -39,6 +46,8 @@ def build_noop_archive(export_path: Path, name: str = "noop", version: str = "1.
         version,
         "--handler",
         str(Path(__file__).resolve()),
+        "--extra-files",
+        str(READER),
         "--export-path",
         str(export_path),
         "--force",
