@@ -1,6 +1,7 @@
-"""A lane served with its archive as built and with some handler settings changed, side by side in one server.
+"""A lane served with its archive as built and with some handler settings or the handler code changed, side by side.
 
     python -m scripts.bench.ab --set fast_protocol=false [--model digits] [--connections 1 4 64] [--rounds 3]
+    python -m scripts.bench.ab --code-from HEAD~1     # B: the same archive with the handler code of a git revision
 
 Both lanes get the stream lane's batching from config.properties; they take turns (A, B, A, B, ...) under wrk at
 each connection count after both were warmed (3 s at 64 connections), so drift on a noisy box hits both. Prints
@@ -12,16 +13,20 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 import yaml
 
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
 from scripts.bench.stream import request_body
-from scripts.layout import JSON, MODEL_STORE
+from scripts.errors import ScriptError
+from scripts.layout import JSON, MODEL_STORE, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.temporary import serving_in
 
@@ -39,25 +44,50 @@ def lanes(model: str) -> dict[str, str]:
     return {"load_models": f"A={model}.mar,B={model}-b.mar", "models": json.dumps(models)}
 
 
+def with_code_from(archive: Path, revision: str) -> Path:
+    """`archive` rewritten in place with the handler code (handlers/, torchserve_handler.py) of a git `revision`."""
+    temporary = archive.with_name(archive.name + ".code")
+    with zipfile.ZipFile(archive) as old, zipfile.ZipFile(temporary, "w", zipfile.ZIP_DEFLATED) as new:
+        for entry in old.infolist():
+            data = old.read(entry)
+            source = entry.filename if entry.filename.startswith("handlers/") else None
+            if entry.filename == "torchserve_handler.py":
+                source = "handlers/torchserve_handler.py"
+            if source is not None:
+                shown = subprocess.run(["git", "show", f"{revision}:{source}"], cwd=ROOT, capture_output=True)
+                if shown.returncode != 0:
+                    raise ScriptError(f"{source} at {revision}: {shown.stderr.decode().strip()}")
+                data = shown.stdout
+            new.writestr(entry, data)
+    temporary.replace(archive)
+    return archive
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--model", default="digits")
-    parser.add_argument("--set", nargs="+", required=True, metavar="KEY=YAML", help="handler settings of lane B")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=YAML", help="handler settings of lane B")
+    parser.add_argument("--code-from", metavar="REV", help="lane B runs the handler code of this git revision")
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 4, 64])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)
     args = parser.parse_args(argv)
     changed = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
+    if not changed and not args.code_from:
+        parser.error("say what lane B changes: --set and/or --code-from")
     body = request_body(args.model)
     with tempfile.TemporaryDirectory(prefix="ab-") as folder:
         variant = write_variant(MODEL_STORE / f"{args.model}.mar", Path(folder) / f"{args.model}-b.mar", changed)
+        if args.code_from:
+            MarFile(with_code_from(variant, args.code_from)).record_digest()
         archives = {f"{args.model}.mar": MODEL_STORE / f"{args.model}.mar", f"{args.model}-b.mar": variant}
         with serving_in(Path(folder) / "torchserve", archives, lanes(args.model)) as server:
             token = server.endpoints.token("inference")
             targets = {name: loadgen.Target(server.endpoints.prediction_url(name), body, JSON, token) for name in "AB"}
             for target in targets.values():
                 loadgen.closed_loop(target, 64, 3.0)
-            print(f"A: {args.model}.mar as built; B: {changed}")
+            code = f", handler code of {args.code_from}" if args.code_from else ""
+            print(f"A: {args.model}.mar as built; B: settings {changed}{code}")
             print("| connections | round | A req/s | B req/s | A p50 ms | B p50 ms |")
             print("| ---: | ---: | ---: | ---: | ---: | ---: |")
             for connections in args.connections:

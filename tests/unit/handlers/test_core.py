@@ -89,6 +89,36 @@ def test_a_bad_request_fails_alone_and_names_the_row(digits_core):
     assert [p["label"] for p in responses[3].body["predictions"]] == labels[1:].tolist()
 
 
+def one_row_requests(grids) -> list[Payload]:
+    """A stream batch: one request per grid, each a flat list of 64 numbers (what decode_many takes)."""
+    return [Payload(items=[g.flatten().tolist()], raw=False) for g in grids]
+
+
+def test_one_row_requests_are_decoded_together_and_answered_as_each_alone(digits_core, monkeypatch):
+    grids, _ = held_out(6)
+    alone = [digits_core.answer([payload])[0] for payload in one_row_requests(grids)]
+    calls = []
+    decode_many = digits_core.task.decode_many
+    monkeypatch.setattr(digits_core.task, "decode_many", lambda items: calls.append(len(items)) or decode_many(items))
+    together = digits_core.answer(one_row_requests(grids))
+    assert calls == [6]  # one vectorised pass for the six requests
+    assert [r.status for r in together] == [200] * 6
+    for answer, reference in zip(together, alone, strict=True):
+        assert_same_predictions(answer.body["predictions"], reference.body["predictions"])
+
+
+def test_a_bad_value_among_requests_decoded_together_fails_only_its_own_request(digits_core):
+    grids, _ = held_out(3)
+    payloads = one_row_requests(grids)
+    payloads.insert(1, Payload(items=[[1] * 63 + [17]], raw=False))
+    responses = digits_core.answer(payloads)
+    assert [r.status for r in responses] == [200, 400, 200, 200]
+    assert responses[1].body["message"] == "instances[0]: expected 64 values in 0..16, got 17"
+    alone = [digits_core.answer([payload])[0] for payload in one_row_requests(grids)]
+    for answer, reference in zip([responses[0], *responses[2:]], alone, strict=True):
+        assert_same_predictions(answer.body["predictions"], reference.body["predictions"])
+
+
 def test_an_undecodable_request_passed_as_error_still_gets_its_own_answer(digits_core):
     responses = digits_core.answer([RequestError("empty request body"), instances(held_out(1)[0])])
     assert [r.status for r in responses] == [400, 200]
