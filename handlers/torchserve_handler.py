@@ -12,6 +12,7 @@ import time
 import orjson
 import torch
 
+from handlers.collector import PacedCollector
 from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
@@ -45,6 +46,7 @@ class UnifiedHandler:
         self.limits = NO_LIMITS
         self.timeout: LaneTimeout | None = None
         self.memory = HostMemory(None)
+        self.collector = PacedCollector()
 
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
@@ -90,6 +92,8 @@ class UnifiedHandler:
         self.metrics = HandlerMetrics.for_context(context, device)
         self.metrics.started()
         logger.info("model %s: worker at rest %.0f MiB", context.model_name, self.memory.settle() / 2**20)
+        # The loaded model and its imports frozen, collections between batches (handlers/collector.py).
+        self.collector.start()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:
@@ -99,6 +103,7 @@ class UnifiedHandler:
         finally:
             if self.timeout is not None:
                 self.timeout.done()
+            self.collector.tick()
             # The batch's bodies and activations are freed by now; TorchServe still holds the answers' bytes.
             self.memory.after_batch()
 
