@@ -45,20 +45,28 @@ def lanes(model: str) -> dict[str, str]:
 
 
 def with_code_from(archive: Path, revision: str) -> Path:
-    """`archive` rewritten in place with the handler code (handlers/, torchserve_handler.py) of a git `revision`."""
+    """`archive` rewritten in place with the handler code of a git `revision`: its handlers/ package as it was
+    then (modules added since are left out) and its torchserve_handler.py as the entry point."""
+
+    def git(*args: str) -> bytes:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True)
+        if done.returncode != 0:
+            raise ScriptError(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
+        return done.stdout
+
+    listed = git("ls-tree", "-r", "--name-only", revision, "handlers/").decode().split()
+    sources = [path for path in listed if path.endswith(".py")]
     temporary = archive.with_name(archive.name + ".code")
     with zipfile.ZipFile(archive) as old, zipfile.ZipFile(temporary, "w", zipfile.ZIP_DEFLATED) as new:
         for entry in old.infolist():
-            data = old.read(entry)
-            source = entry.filename if entry.filename.startswith("handlers/") else None
+            if entry.filename.startswith("handlers/"):
+                continue
             if entry.filename == "torchserve_handler.py":
-                source = "handlers/torchserve_handler.py"
-            if source is not None:
-                shown = subprocess.run(["git", "show", f"{revision}:{source}"], cwd=ROOT, capture_output=True)
-                if shown.returncode != 0:
-                    raise ScriptError(f"{source} at {revision}: {shown.stderr.decode().strip()}")
-                data = shown.stdout
-            new.writestr(entry, data)
+                new.writestr(entry, git("show", f"{revision}:handlers/torchserve_handler.py"))
+            else:
+                new.writestr(entry, old.read(entry))
+        for source in sources:
+            new.writestr(source, git("show", f"{revision}:{source}"))
     temporary.replace(archive)
     return archive
 
