@@ -82,7 +82,8 @@ class FrameReader:
         cmd = bytearray(self._take(1))
         if cmd == PREDICT_MSG:
             msg = self._inference()
-            logger.debug("Backend received inference at: %d", time.time())
+            # TorchServe's own line, on its logger and level: `logging.torchserve: info` in model-config.yaml shows it.
+            logging.info("Backend received inference at: %d", time.time())
         elif cmd == LOAD_MSG:
             msg = self._load()
         else:

@@ -3,6 +3,7 @@ written in odd pieces, must come out equal, types included, message after messag
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 import struct
@@ -205,3 +206,13 @@ def test_an_unread_value_gets_the_413_that_names_the_lanes_limit():
     assert refused.value.code == 413
     assert "request body is 67108864 bytes; lane minilm takes at most 1048576 bytes" in str(refused.value)
     assert "minilm-bulk" in str(refused.value)
+
+
+def test_torchserves_per_batch_line_follows_its_logger_level(caplog):
+    with caplog.at_level(logging.INFO):
+        _read_all(lambda conn: FrameReader(conn).retrieve_msg(), FRAMES[1], 1)
+    assert "Backend received inference at" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _read_all(lambda conn: FrameReader(conn).retrieve_msg(), FRAMES[1], 1)
+    assert "Backend received inference" not in caplog.text
