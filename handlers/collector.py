@@ -29,6 +29,7 @@ class PacedCollector:
         self.full_every = full_every
         self.ticks = 0
         self._was_enabled = gc.isenabled()
+        self._froze = False
 
     def __enter__(self) -> PacedCollector:
         self.start()
@@ -39,6 +40,8 @@ class PacedCollector:
 
     def start(self) -> None:
         self._was_enabled = gc.isenabled()
+        # A process that froze objects itself (or runs another collector) keeps them frozen after stop().
+        self._froze = gc.get_freeze_count() == 0
         gc.collect()
         gc.freeze()
         gc.disable()
@@ -48,7 +51,8 @@ class PacedCollector:
         gc.collect(2 if self.ticks % self.full_every == 0 else 0)
 
     def stop(self) -> None:
-        gc.unfreeze()
+        if self._froze:
+            gc.unfreeze()
         gc.collect()
         if self._was_enabled:
             gc.enable()

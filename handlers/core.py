@@ -125,10 +125,13 @@ class InferenceCore:
         """{request index: rows} for the plain instances of several requests decoded in one vectorised pass: a stream
         batch of one-row requests pays numpy's fixed cost once instead of once per request (6.7 -> 2.3 µs a row for
         32 digits rows). {} when the task has no such pass or any item is not plain: each request is then decoded
-        alone, so a bad item still fails its own request only, with the same message."""
+        alone, so a bad item still fails its own request only, with the same message; so is a batch of more rows than
+        max_batch_rows."""
         decode_many = getattr(self.task, "decode_many", None)
         plain = [index for index, payload in enumerate(payloads) if isinstance(payload, Payload) and not payload.raw]
-        if decode_many is None or len(plain) < 2:
+        # Only a stream batch's few rows: a bulk batch's requests (thousands of rows each) are decoded one at a time,
+        # so the worker never holds every request's float64 grids at once.
+        if decode_many is None or len(plain) < 2 or sum(len(payloads[i].items) for i in plain) > self.settings.max_batch_rows:
             return {}
         many = decode_many([item for index in plain for item in payloads[index].items])
         if many is None:

@@ -23,6 +23,7 @@ from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
 from handlers.worker_protocol import install as install_frame_reader
+from handlers.worker_protocol import torchserve_worker
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,10 @@ class UnifiedHandler:
         self.metrics = HandlerMetrics.for_context(context, device)
         self.metrics.started()
         logger.info("model %s: worker at rest %.0f MiB", context.model_name, self.memory.settle() / 2**20)
-        # The loaded model and its imports frozen, collections between batches (handlers/collector.py).
-        self.collector.start()
+        # The loaded model and its imports frozen, collections between batches (handlers/collector.py); only in a
+        # TorchServe worker, never in a process that builds a handler for other reasons (tests, tools).
+        if torchserve_worker() is not None:
+            self.collector.start()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:

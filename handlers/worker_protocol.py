@@ -20,7 +20,7 @@ A value larger than the buffer is received straight into a bytearray of its exac
 than the lane's `max_request_bytes` is not kept at all: its bytes are received into the buffer and let go, and
 the request carries an `UnreadValue` of that length instead, which the handler answers 413 naming the limit
 (handlers/decoding.py) as it would the bytes. A stream worker then never holds a body past its lane's limit:
-with TorchServe's reader a 64 MiB body on the minilm stream lane took the worker from 441 to 515 MiB first.
+with TorchServe's reader a 64 MiB body on the minilm stream lane took the worker from about 440 to 514-515 MiB.
 `install` swaps it in for the worker's `retrieve_msg` once the handler is loaded (the worker looks the name up in
 its module on every message). It is the one place where this project replaces a TorchServe function at run time,
 never its files: only on the TorchServe release it was checked against (tests/unit/handlers/test_worker_protocol.py
@@ -144,6 +144,8 @@ class FrameReader:
         return self._value(self._int())
 
     def _value(self, length: int) -> bytearray:
+        if length <= 0:  # TorchServe's reader reads nothing for a length below 1
+            return bytearray()
         if length <= len(self.buffer):
             if self.end - self.start < length:
                 self._need(length)
@@ -206,13 +208,13 @@ def _decoded(value: bytearray, content_type: str, decode: bool):
         try:
             return json.loads(value.decode("utf-8"))
         except Exception:
-            logger.warning("Failed json decoding of input data. Forwarding encoded payload", exc_info=True)
+            logging.warning("Failed json decoding of input data. Forwarding encoded payload", exc_info=True)
             return value
     if decode and content_type.startswith("text"):
         try:
             return value.decode("utf-8")
         except Exception:
-            logger.warning("Failed utf-8 decoding of input data. Forwarding encoded payload", exc_info=True)
+            logging.warning("Failed utf-8 decoding of input data. Forwarding encoded payload", exc_info=True)
             return value
     return value
 
@@ -222,33 +224,42 @@ def _frontend_gone() -> None:
     sys.exit(0)
 
 
-def install(max_value_bytes: int | None = None) -> bool:
-    """Makes this worker read the frontend's messages with a FrameReader (values over `max_value_bytes` unread);
-    False (and TorchServe's reader kept) where the worker is not TorchServe's, or not the release this was checked
-    against."""
+def torchserve_worker():
+    """The running TorchServe worker's module, None in any other process. TorchServe starts its worker as a script
+    (python .../ts/model_service_worker.py), so the worker is __main__; a process that merely imports
+    ts.model_service_worker (a test, a tool) is not one."""
     try:
         from ts.protocol.otf_message_handler import retrieve_msg as torchserve_reader
+    except ImportError:
+        return None
+    module = sys.modules.get("__main__")
+    reader = getattr(module, "retrieve_msg", None)
+    if hasattr(module, "TorchModelServiceWorker") and (
+        reader is torchserve_reader or getattr(reader, "torchserve_reader", None) is torchserve_reader
+    ):
+        return module
+    return None
+
+
+def install(max_value_bytes: int | None = None) -> bool:
+    """Makes this worker read the frontend's messages with a FrameReader (values over `max_value_bytes` unread);
+    False (and TorchServe's reader kept) where the process is not a TorchServe worker of the release this was
+    checked against. The worker's default, synchronous loop only (`handle_connection`; TorchServe's async mode
+    reads through ts/async_service.py)."""
+    worker = torchserve_worker()
+    try:
         from ts.version import __version__ as release
     except ImportError as error:
         logger.warning("TorchServe's own message reader kept: %s", error)
         return False
-    # TorchServe starts the worker as a script (python .../ts/model_service_worker.py): its module is __main__.
-    worker = next(
-        (
-            module
-            for module in (sys.modules.get("__main__"), sys.modules.get("ts.model_service_worker"))
-            if module is not None
-            and hasattr(module, "TorchModelServiceWorker")
-            and getattr(module, "retrieve_msg", None) is torchserve_reader
-        ),
-        None,
-    )
     if worker is None or release != CHECKED_RELEASE:
         logger.warning(
             "TorchServe's own message reader kept: %s",
             "not in a TorchServe worker" if worker is None else f"TorchServe {release}, checked with {CHECKED_RELEASE}",
         )
         return False
+    from ts.protocol.otf_message_handler import retrieve_msg as torchserve_reader
+
     readers: dict[int, FrameReader] = {}
 
     def retrieve_msg(conn):
@@ -257,5 +268,6 @@ def install(max_value_bytes: int | None = None) -> bool:
             reader = readers[conn.fileno()] = FrameReader(conn, max_value_bytes=max_value_bytes)
         return reader.retrieve_msg()
 
+    retrieve_msg.torchserve_reader = torchserve_reader  # installed again (a reload), it replaces this one
     worker.retrieve_msg = retrieve_msg
     return True

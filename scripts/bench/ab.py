@@ -3,10 +3,10 @@
     python -m scripts.bench.ab --set fast_protocol=false [--model digits] [--connections 1 4 64] [--rounds 3]
     python -m scripts.bench.ab --code-from HEAD~1     # B: the same archive with the handler code of a git revision
 
-Both lanes get the stream lane's batching from config.properties; they take turns (A, B, A, B, ...) under wrk at
-each connection count after both were warmed (3 s at 64 connections), so drift on a noisy box hits both. Prints
-req/s and p50 per round and the median ratio B/A. Used for the measurements behind handler settings (e.g.
-docs/benchmarks.md, "The worker's message reader").
+Both lanes get the stream lane's batching from config.properties; they take turns under wrk at each connection
+count after both were warmed (3 s at 64 connections), A first in odd rounds and B first in even ones, so drift
+on a noisy box hits both. Prints req/s and p50 per round and the median ratio B/A. Used for the measurements
+behind handler settings and code changes (e.g. docs/benchmarks.md, Tuning).
 """
 
 from __future__ import annotations
@@ -101,8 +101,13 @@ def main(argv: list[str] | None = None) -> int:
             for connections in args.connections:
                 ratios = []
                 for round_ in range(args.rounds):
-                    a, b = (loadgen.closed_loop(targets[name], connections, args.seconds) for name in "AB")
-                    ratios.append(b.rps / a.rps if a.rps else 0.0)
+                    # A first in odd rounds, B first in even ones: drift on the box favours neither.
+                    order = "AB" if round_ % 2 == 0 else "BA"
+                    runs = {name: loadgen.closed_loop(targets[name], connections, args.seconds) for name in order}
+                    a, b = runs["A"], runs["B"]
+                    if not a.rps or not b.rps:
+                        raise ScriptError(f"a lane answered nothing at {connections} connections: A {a.rps:.0f}, B {b.rps:.0f}")
+                    ratios.append(b.rps / a.rps)
                     print(
                         f"| {connections} | {round_ + 1} | {a.rps:,.0f} | {b.rps:,.0f} | {a.p50_ms:.2f} | {b.p50_ms:.2f} |",
                         flush=True,

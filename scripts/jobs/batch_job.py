@@ -126,7 +126,8 @@ def run_job(config: JobConfig) -> JobSummary:
         sink = ResultSink.start(paths, Progress(str(config.input.resolve()), config.model, total), config.overwrite)
     resumed_at = sink.progress.rows_done
     started = time.perf_counter()
-    # Collections between chunks, not every 700 allocations (handlers/collector.py); Ray's driver keeps Python's own.
+    # Collections between chunks, not every 700 allocations (handlers/collector.py); Ray's driver and actors keep
+    # Python's own.
     collector = PacedCollector()
     try:
         with (

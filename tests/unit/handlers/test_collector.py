@@ -52,3 +52,14 @@ def test_a_collector_that_was_off_stays_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_objects_frozen_before_it_started_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with PacedCollector():
+            assert gc.get_freeze_count() >= frozen
+        assert gc.get_freeze_count() >= frozen  # not unfrozen: another owner froze them
+    finally:
+        gc.unfreeze()

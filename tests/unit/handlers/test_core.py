@@ -107,6 +107,17 @@ def test_one_row_requests_are_decoded_together_and_answered_as_each_alone(digits
         assert_same_predictions(answer.body["predictions"], reference.body["predictions"])
 
 
+def test_a_batch_of_more_rows_than_max_batch_rows_is_decoded_request_by_request(digits_core, monkeypatch):
+    grids, _ = held_out(6)
+    core = core_with(digits_core, digits_core.model, max_batch_rows=4)  # a bulk-sized batch for this core
+    calls = []
+    decode_many = core.task.decode_many
+    monkeypatch.setattr(core.task, "decode_many", lambda items: calls.append(len(items)) or decode_many(items))
+    responses = core.answer(one_row_requests(grids))
+    assert calls == []  # no combined pass (each request is decoded by its own per-request decoder)
+    assert [r.status for r in responses] == [200] * 6
+
+
 def test_a_bad_value_among_requests_decoded_together_fails_only_its_own_request(digits_core):
     grids, _ = held_out(3)
     payloads = one_row_requests(grids)

@@ -7,7 +7,9 @@ import logging
 import random
 import socket
 import struct
+import sys
 import threading
+import types
 
 import pytest
 from ts.protocol import otf_message_handler as torchserve
@@ -156,20 +158,41 @@ def test_an_unknown_command_is_refused_and_a_closed_frontend_ends_the_worker():
 
 
 def test_install_replaces_the_workers_reader_on_the_checked_release_only(monkeypatch):
-    import ts.model_service_worker as worker
     import ts.version
 
     assert ts.version.__version__ == CHECKED_RELEASE  # the pinned TorchServe is the release this was compared with
-    monkeypatch.setattr(worker, "retrieve_msg", torchserve.retrieve_msg)
+    assert worker_protocol.torchserve_worker() is None  # pytest is not a TorchServe worker: nothing is replaced
+    assert worker_protocol.install() is False
+    # TorchServe runs its worker as a script: the worker module is __main__, holding TorchServe's reader.
+    worker = types.ModuleType("model_service_worker")
+    worker.TorchModelServiceWorker = object
+    worker.retrieve_msg = torchserve.retrieve_msg
+    monkeypatch.setitem(sys.modules, "__main__", worker)
+    assert worker_protocol.torchserve_worker() is worker
     assert worker_protocol.install() is True
     assert worker.retrieve_msg is not torchserve.retrieve_msg
     [(cmd, msg)] = _read_all(worker.retrieve_msg, FRAMES[1], 1)
     assert cmd == b"I" and msg[0]["requestId"] == b"request-0000-9f1c"
+    assert worker_protocol.install(max_value_bytes=10) is True  # installed again: the new one replaces it
 
-    monkeypatch.setattr(worker, "retrieve_msg", torchserve.retrieve_msg)
+    worker.retrieve_msg = torchserve.retrieve_msg
     monkeypatch.setattr(ts.version, "__version__", "0.13.0")
     assert worker_protocol.install() is False
     assert worker.retrieve_msg is torchserve.retrieve_msg
+
+
+def test_a_length_below_one_reads_as_empty_as_in_torchserve(monkeypatch):
+    monkeypatch.setenv("TS_DECODE_INPUT_REQUEST", "false")
+    frame = b"I" + _field(b"id") + END + _field(b"body") + _field(b"") + struct.pack("!i", 0) + END + END
+    expected = _read_all(torchserve.retrieve_msg, frame + FRAMES[1], 2)
+    readers: list[FrameReader] = []
+
+    def ours(conn):  # one reader for the socket: it buffers past the first message
+        readers[:] = readers or [FrameReader(conn)]
+        return readers[0].retrieve_msg()
+
+    _same(_read_all(ours, frame + FRAMES[1], 2), expected)
+    assert expected[0][1][0]["parameters"] == [{"name": "body", "contentType": "", "value": bytearray()}]
 
 
 @pytest.mark.parametrize("buffer_bytes", [16, 1 << 16])
