@@ -47,7 +47,7 @@ class UnifiedHandler:
         self.limits = NO_LIMITS
         self.timeout: LaneTimeout | None = None
         self.memory = HostMemory(None)
-        self.collector = PacedCollector()
+        self.collector: PacedCollector | None = None  # only in a TorchServe worker (initialize)
 
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
@@ -96,6 +96,7 @@ class UnifiedHandler:
         # The loaded model and its imports frozen, collections between batches (handlers/collector.py); only in a
         # TorchServe worker, never in a process that builds a handler for other reasons (tests, tools).
         if torchserve_worker() is not None:
+            self.collector = PacedCollector()
             self.collector.start()
 
     def handle(self, data: list[dict], context) -> list[bytes]:
@@ -106,7 +107,8 @@ class UnifiedHandler:
         finally:
             if self.timeout is not None:
                 self.timeout.done()
-            self.collector.tick()
+            if self.collector is not None:
+                self.collector.tick()
             # The batch's bodies and activations are freed by now; TorchServe still holds the answers' bytes.
             self.memory.after_batch()
 

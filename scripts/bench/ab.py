@@ -11,7 +11,6 @@ behind handler settings and code changes (e.g. docs/benchmarks.md, Tuning).
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
-from scripts.bench.stream import request_body
+from scripts.bench.stream import lane_entry, request_body, served_lanes
 from scripts.errors import ScriptError
 from scripts.layout import JSON, MODEL_STORE, ROOT
 from scripts.server.config import ServerConfig
@@ -32,16 +31,11 @@ from scripts.server.temporary import serving_in
 
 
 def lanes(model: str) -> dict[str, str]:
+    """Lanes A (the archive as built) and B (its variant), both with the stream lane's batching."""
     lane = ServerConfig.read().lane_settings(model)[model]
-    entry = {
-        "minWorkers": lane.workers,
-        "maxWorkers": lane.workers,
-        "batchSize": lane.batch_size,
-        "maxBatchDelay": lane.max_batch_delay,
-        "responseTimeout": lane.response_timeout,
-    }
-    models = {"A": {"1.0": {**entry, "marName": f"{model}.mar"}}, "B": {"1.0": {**entry, "marName": f"{model}-b.mar"}}}
-    return {"load_models": f"A={model}.mar,B={model}-b.mar", "models": json.dumps(models)}
+    return served_lanes(
+        {"A": lane_entry(f"{model}.mar", lane, lane.batch_size), "B": lane_entry(f"{model}-b.mar", lane, lane.batch_size)}
+    )
 
 
 def with_code_from(archive: Path, revision: str) -> Path:

@@ -97,21 +97,28 @@ def check_answer(model: str, reply: requests.Response, system: str) -> None:
         raise ScriptError(f"{system} answered HTTP {reply.status_code} {reply.text[:200]!r}, not a {model} prediction")
 
 
-def lanes_config(model: str, lane: LaneSettings) -> dict[str, str]:
-    """load_models and models= for the four TorchServe lanes of one model's run."""
+def lane_entry(mar: str, lane: LaneSettings, batch_size: int) -> dict:
+    """One lane's models= entry: `lane`'s workers and batching from config.properties, on archive `mar`."""
+    settings = {"marName": mar, "minWorkers": lane.workers, "maxWorkers": lane.workers, "batchSize": batch_size}
+    return {"1.0": {**settings, "maxBatchDelay": lane.max_batch_delay, "responseTimeout": lane.response_timeout}}
 
-    def entry(mar: str, batch_size: int) -> dict:
-        settings = {"marName": mar, "minWorkers": lane.workers, "maxWorkers": lane.workers, "batchSize": batch_size}
-        return {"1.0": {**settings, "maxBatchDelay": lane.max_batch_delay, "responseTimeout": lane.response_timeout}}
 
-    lanes = {
-        model: entry(f"{model}.mar", lane.batch_size),
-        f"{model}-b1": entry(f"{model}.mar", 1),
-        "noop": entry("noop.mar", lane.batch_size),
-        "noop-b1": entry("noop.mar", 1),
-    }
+def served_lanes(lanes: dict[str, dict]) -> dict[str, str]:
+    """config.properties overrides (load_models, models=) serving exactly `lanes` ({name: lane_entry(...)})."""
     load = ",".join(f"{name}={versions['1.0']['marName']}" for name, versions in lanes.items())
     return {"load_models": load, "models": json.dumps(lanes)}
+
+
+def lanes_config(model: str, lane: LaneSettings) -> dict[str, str]:
+    """load_models and models= for the four TorchServe lanes of one model's run."""
+    return served_lanes(
+        {
+            model: lane_entry(f"{model}.mar", lane, lane.batch_size),
+            f"{model}-b1": lane_entry(f"{model}.mar", lane, 1),
+            "noop": lane_entry("noop.mar", lane, lane.batch_size),
+            "noop-b1": lane_entry("noop.mar", lane, 1),
+        }
+    )
 
 
 def closed_runs(target: loadgen.Target, plan: Plan) -> list[dict]:
