@@ -21,35 +21,39 @@ MIB = 1024 * 1024
 # mallopt's parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-# Blocks of at least this size are mmapped, so a freed one leaves at once. Smaller ones, a short text's
-# activations among them, keep reusing the heap: mapping each anew would cost page faults on every pass.
+# Blocks of at least this size are mmapped, so a freed one leaves at once (the default; a lane may set its own,
+# handler.mmap_threshold_mib). Smaller ones, a short text's activations among them, keep reusing the heap: mapping
+# each anew would cost page faults on every pass. A bulk lane whose micro-batches allocate blocks of several MiB
+# each pass sets a higher one: at 4 MiB the digits core over 512-row passes ran at about half speed.
 MMAP_THRESHOLD = 4 * MIB
-# The heap's free top past this size goes back at each free (glibc's default is twice the dynamic threshold).
-TRIM_THRESHOLD = 8 * MIB
-# A batch that leaves the worker this much above the size its last trim left is followed by malloc_trim (about a
-# millisecond on a minilm worker): smaller growth is left for the next batch to reuse. A stream worker must take
-# a max_request_size body (64 MiB) on top of what it holds at rest, so little is left to keep.
-TRIM_SLACK = 4 * MIB
+# With a threshold T, the heap's free top past 2T goes back at each free (glibc's own default is twice its
+# dynamic threshold), and a batch that leaves the worker more than T above the size its last trim left is
+# followed by malloc_trim (about a millisecond on a minilm worker): smaller growth is left for the next batch to
+# reuse. A stream worker must take a max_request_size body (64 MiB) on top of what it holds at rest, so little
+# is left to keep.
+TRIM_SLACK = MMAP_THRESHOLD
 STATM = Path("/proc/self/statm")
 
 
 class HostMemory:
     """glibc's malloc for one worker process: `settle()` once the model is loaded, `after_batch()` after each."""
 
-    def __init__(self, libc: ctypes.CDLL | None) -> None:
+    def __init__(self, libc: ctypes.CDLL | None, slack: int = TRIM_SLACK) -> None:
         self.libc = libc
+        self.slack = slack  # growth over the resting size that after_batch() hands back
         self.resting = 0  # bytes of RSS after the last trim: what the worker holds at rest
 
     @classmethod
-    def for_this_process(cls) -> HostMemory:
-        """Tunes glibc's malloc when this process runs on it; a HostMemory that changes nothing otherwise."""
+    def for_this_process(cls, threshold: int = MMAP_THRESHOLD) -> HostMemory:
+        """Tunes glibc's malloc when this process runs on it (blocks of `threshold` bytes and more mapped); a
+        HostMemory that changes nothing otherwise."""
         libc = _glibc()
         if libc is None:
             logger.info("not on glibc: malloc left as it is")
             return cls(None)
-        if not (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
+        if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold)):
             logger.warning("mallopt refused the thresholds: malloc left as it is")
-        return cls(libc)
+        return cls(libc, slack=threshold)
 
     def settle(self) -> int:
         """Hand back what loading freed and take the resting size; returns it in bytes (0 where unknown)."""
@@ -58,9 +62,9 @@ class HostMemory:
         return self.resting
 
     def after_batch(self) -> bool:
-        """Trim when the batch left the worker more than TRIM_SLACK above its resting size; whether it did. What
+        """Trim when the batch left the worker more than its slack above its resting size; whether it did. What
         a trim cannot give back (code pages a first forward pass touched, objects kept) becomes the resting size."""
-        if self.libc is None or rss_bytes() <= self.resting + TRIM_SLACK:
+        if self.libc is None or rss_bytes() <= self.resting + self.slack:
             return False
         self.settle()
         return True

@@ -22,10 +22,13 @@ CORE_KEYS = (
     "max_request_bytes",
     "response_timeout_s",
     "fast_protocol",
+    "mmap_threshold_mib",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
 DEFAULT_LANE = "default"
+# glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2: 32 MiB on 64-bit.
+MAX_MMAP_THRESHOLD_MIB = 32
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,12 @@ class HandlerSettings:
     # recv per field: a fifth of the worker's time per request, and no copy of a large body beyond its size.
     # false: TorchServe's own reader.
     fast_protocol: bool = True
+    # glibc's mmap threshold in the worker, in MiB, per lane like torch_threads (handlers/host_memory.py); null:
+    # 4. A block this large or larger is mapped for itself and given back when freed, so a stream worker's one-off
+    # large blocks (a body, a long batch's activations) do not stay in it. A bulk lane's activations recur every
+    # micro-batch, and mapping each anew costs its page faults every time (the digits core ran at half speed with
+    # 4 MiB): its lane keeps them in the heap with a higher threshold, at most glibc's 32.
+    mmap_threshold_mib: PerLane = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -95,6 +104,7 @@ class HandlerSettings:
             max_request_bytes=section.get("max_request_bytes", cls.max_request_bytes),
             response_timeout_s=section.get("response_timeout_s", cls.response_timeout_s),
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
+            mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -110,6 +120,13 @@ class HandlerSettings:
         _check_per_lane("max_request_rows", self.max_request_rows)
         _check_per_lane("max_request_bytes", self.max_request_bytes)
         _check_per_lane("response_timeout_s", self.response_timeout_s)
+        _check_per_lane("mmap_threshold_mib", self.mmap_threshold_mib)
+        mmap = self.mmap_threshold_mib
+        values = mmap.values() if isinstance(mmap, Mapping) else [mmap]
+        if any(mib is not None and mib > MAX_MMAP_THRESHOLD_MIB for mib in values):
+            raise SettingsError(
+                f"handler.mmap_threshold_mib is at most {MAX_MMAP_THRESHOLD_MIB} (glibc's limit), got {self.mmap_threshold_mib!r}"
+            )
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
         if not isinstance(self.fast_protocol, bool):
@@ -133,6 +150,10 @@ class HandlerSettings:
 
     def named_lanes_bytes(self) -> dict[str, int | None]:
         return _named_lanes(self.max_request_bytes)
+
+    def mmap_threshold_for(self, lane: str) -> int | None:
+        """glibc's mmap threshold in MiB for a worker of `lane`, None for the handler's default."""
+        return _for_lane(self.mmap_threshold_mib, lane)
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

@@ -3,7 +3,12 @@ batch freed in the middle of the heap handed back by malloc_trim once the worker
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from handlers.host_memory import MIB, MMAP_THRESHOLD, TRIM_SLACK, HostMemory, rss_bytes
+from scripts.layout import ROOT
 
 
 def test_a_batch_that_left_the_heap_larger_is_followed_by_a_trim_that_gives_it_back():
@@ -30,6 +35,38 @@ def test_a_block_over_the_threshold_is_given_back_as_soon_as_it_is_freed():
     assert rss_bytes() > before + 60 * MIB
     del block
     assert rss_bytes() < before + 4 * MIB
+
+
+PASSES = """
+import resource, sys
+from handlers.host_memory import MIB, HostMemory
+memory = HostMemory.for_this_process(int(sys.argv[1]) * MIB)
+memory.settle()
+start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):  # a pass's largest block, written: a digits-bulk pass's convolution output is 8 MiB
+    block = b"x" * (8 * MIB)
+    del block
+    memory.after_batch()
+print(memory.slack // MIB, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+"""
+
+
+def test_a_lane_with_a_higher_threshold_reuses_its_passes_blocks_instead_of_faulting_them_in_each_time():
+    """A bulk lane's passes allocate blocks of several MiB every time. At the default threshold each is mapped,
+    faulted in page by page and unmapped again; under the lane's threshold the heap keeps it for the next pass.
+    Each threshold in a fresh interpreter: malloc's state is per process and other tests change it."""
+
+    def faults(threshold_mib: int) -> tuple[int, int]:
+        done = subprocess.run([sys.executable, "-c", PASSES, str(threshold_mib)], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        slack, count = done.stdout.split()
+        return int(slack), int(count)
+
+    pages = 8 * MIB // os.sysconf("SC_PAGE_SIZE")
+    slack, mapped = faults(4)
+    assert slack == 4 and mapped > 18 * pages  # every pass faults its 2,048 pages in again
+    slack, reused = faults(32)
+    assert slack == 32 and reused < 3 * pages  # the first pass only (and what else the interpreter touched)
 
 
 def test_without_glibc_nothing_is_changed():

@@ -43,6 +43,11 @@ def test_reads_handler_section_and_keeps_task_options():
             "max_request_rows must be a positive integer or \\{lane: positive integer or null\\}, got \\{'digits': 0\\}",
         ),
         ({"task": "x", "model_file": "m", "max_request_rows": "1024"}, "max_request_rows must be a positive integer"),
+        ({"task": "x", "model_file": "m", "mmap_threshold_mib": {"digits-bulk": 0}}, "mmap_threshold_mib must be a positive"),
+        (
+            {"task": "x", "model_file": "m", "mmap_threshold_mib": {"default": 4, "digits-bulk": 64}},
+            "mmap_threshold_mib is at most 32 \\(glibc's limit\\), got \\{'default': 4, 'digits-bulk': 64\\}",
+        ),
         (
             {"task": "x", "model_file": "m", "max_batch_tokens": {"default": 1024, "minilm-bulk": 0}},
             "max_batch_tokens must be a positive integer or \\{lane: positive integer or null\\}, "
@@ -62,7 +67,7 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
             "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, "
-            "max_request_bytes, response_timeout_s, fast_protocol, max_image_pixels, max_request_pixels$",
+            "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, max_image_pixels, max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
@@ -101,6 +106,15 @@ def test_torch_threads_are_set_for_all_lanes_or_per_lane():
     per_lane = settings({"default": 1, "digits-bulk": None})
     assert [per_lane.threads_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1, 1, None]
     assert settings({"digits": 1}).threads_for("digits-bulk") is None
+
+
+def test_mmap_threshold_is_set_per_lane_and_unset_means_the_handlers_default():
+    def settings(mib):
+        return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "mmap_threshold_mib": mib}})
+
+    assert settings(None).mmap_threshold_for("digits") is None
+    per_lane = settings({"default": 4, "digits-bulk": 32})
+    assert [per_lane.mmap_threshold_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [4, 4, 32]
 
 
 def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_take_more():
