@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from handlers.core import InferenceCore, select_device
+from handlers.host_memory import MIB, MMAP_THRESHOLD, HostMemory
+from handlers.settings import HandlerSettings
 from scripts.archive.reader import MarFile
 
 
@@ -25,3 +27,14 @@ def load_core(archive: Path) -> InferenceCore:
     with mar.unpacked() as folder:
         # The model file is read fully into memory here, so the unpacked folder can go afterwards.
         return InferenceCore.load(folder, settings, device)
+
+
+def malloc_as_lane(archive: Path, lane: str) -> HostMemory:
+    """This process's glibc malloc set as a TorchServe worker of `lane` sets its own (the archive's
+    handler.mmap_threshold_mib for that lane, handlers/host_memory.py). A batch job in process runs the bulk lane's
+    passes, so it keeps their blocks in its heap as that lane's worker does: with glibc's own adaptive threshold a
+    digits job's forward pass faulted its activations in again on many passes (docs/batch-jobs.md). For the whole
+    process, from now on: call it before loading the core."""
+    settings = HandlerSettings.from_yaml(MarFile(archive).model_config(), lane)
+    mib = settings.mmap_threshold_for(lane)
+    return HostMemory.for_this_process(mib * MIB if mib else MMAP_THRESHOLD)

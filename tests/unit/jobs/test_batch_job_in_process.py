@@ -159,3 +159,21 @@ def test_prefetch_writes_the_same_files_as_one_thread(tmp_path, digits_archive):
 def test_a_negative_prefetch_is_refused(tmp_path, digits_archive):
     with pytest.raises(JobError, match="--prefetch must be at least 0, got -1"):
         run_job(job(tmp_path, digits_archive, tmp_path / "in.jsonl", prefetch=-1))
+
+
+def test_an_in_process_job_sets_malloc_as_the_worker_of_the_lane_it_stands_in_for(digits_archive):
+    """digits-bulk's workers keep a pass's blocks in the heap (handler.mmap_threshold_mib: 32); an in-process job
+    runs the same passes and takes the same setting (the stream lane's is 4). Each in a fresh interpreter: malloc's
+    settings are per process."""
+    code = (
+        "import sys, pathlib; from scripts.archive.core import malloc_as_lane; "
+        "print(malloc_as_lane(pathlib.Path(sys.argv[1]), sys.argv[2]).slack)"
+    )
+
+    def slack(lane: str) -> int:
+        done = subprocess.run([sys.executable, "-c", code, str(digits_archive), lane], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout)
+
+    assert slack("digits-bulk") == 32 * 2**20
+    assert slack("digits") == 4 * 2**20
