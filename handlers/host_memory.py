@@ -38,22 +38,25 @@ STATM = Path("/proc/self/statm")
 class HostMemory:
     """glibc's malloc for one worker process: `settle()` once the model is loaded, `after_batch()` after each."""
 
-    def __init__(self, libc: ctypes.CDLL | None, slack: int = TRIM_SLACK) -> None:
+    def __init__(self, libc: ctypes.CDLL | None, slack: int = TRIM_SLACK, threshold: int | None = None) -> None:
         self.libc = libc
         self.slack = slack  # growth over the resting size that after_batch() hands back
+        self.threshold = threshold  # the mmap threshold set in this process, None where nothing was changed
         self.resting = 0  # bytes of RSS after the last trim: what the worker holds at rest
 
     @classmethod
-    def for_this_process(cls, threshold: int = MMAP_THRESHOLD) -> HostMemory:
-        """Tunes glibc's malloc when this process runs on it (blocks of `threshold` bytes and more mapped); a
-        HostMemory that changes nothing otherwise."""
+    def for_this_process(cls, threshold: int | None = None) -> HostMemory:
+        """Tunes glibc's malloc when this process runs on it (blocks of `threshold` bytes and more mapped; None:
+        MMAP_THRESHOLD); a HostMemory that changes nothing otherwise."""
+        threshold = threshold or MMAP_THRESHOLD
         libc = _glibc()
         if libc is None:
             logger.info("not on glibc: malloc left as it is")
             return cls(None)
         if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold)):
             logger.warning("mallopt refused the thresholds: malloc left as it is")
-        return cls(libc, slack=threshold)
+            return cls(libc)
+        return cls(libc, slack=threshold, threshold=threshold)
 
     def settle(self) -> int:
         """Hand back what loading freed and take the resting size; returns it in bytes (0 where unknown)."""

@@ -155,6 +155,11 @@ class HandlerSettings:
         """glibc's mmap threshold in MiB for a worker of `lane`, None for the handler's default."""
         return _for_lane(self.mmap_threshold_mib, lane)
 
+    def mmap_threshold_bytes(self, lane: str) -> int | None:
+        """The same in bytes, as handlers/host_memory.py takes it."""
+        mib = self.mmap_threshold_for(lane)
+        return mib * 2**20 if mib else None
+
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""
         return _for_lane(self.response_timeout_s, lane)

@@ -18,7 +18,7 @@ from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
-from handlers.host_memory import MIB, MMAP_THRESHOLD, HostMemory
+from handlers.host_memory import MIB, HostMemory
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.settings import HandlerSettings
@@ -54,8 +54,7 @@ class UnifiedHandler:
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
-        threshold_mib = settings.mmap_threshold_for(context.model_name)
-        self.memory = HostMemory.for_this_process(threshold_mib * MIB if threshold_mib else MMAP_THRESHOLD)
+        self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)
@@ -78,7 +77,7 @@ class UnifiedHandler:
         fast_protocol = settings.fast_protocol and install_frame_reader(self.limits.max_bytes)
         logger.info(
             "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, max_request_bytes=%s, "
-            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d, fast protocol=%s, mmap threshold=%d MiB",
+            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d, fast protocol=%s, mmap threshold=%s",
             context.model_name,
             settings.task,
             device,
@@ -90,7 +89,7 @@ class UnifiedHandler:
             settings.deterministic,
             torch.get_num_threads(),
             fast_protocol,
-            self.memory.slack // MIB,
+            f"{self.memory.threshold // MIB} MiB" if self.memory.threshold else "unchanged",
         )
         self.metrics = HandlerMetrics.for_context(context, device)
         self.metrics.started()

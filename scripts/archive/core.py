@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from handlers.core import InferenceCore, select_device
-from handlers.host_memory import MIB, MMAP_THRESHOLD, HostMemory
+from handlers.host_memory import HostMemory
 from handlers.settings import HandlerSettings
 from scripts.archive.reader import MarFile
 
@@ -30,11 +30,11 @@ def load_core(archive: Path) -> InferenceCore:
 
 
 def malloc_as_lane(archive: Path, lane: str) -> HostMemory:
-    """This process's glibc malloc set as a TorchServe worker of `lane` sets its own (the archive's
-    handler.mmap_threshold_mib for that lane, handlers/host_memory.py). A batch job in process runs the bulk lane's
-    passes, so it keeps their blocks in its heap as that lane's worker does: with glibc's own adaptive threshold a
-    digits job's forward pass faulted its activations in again on many passes (docs/batch-jobs.md). For the whole
-    process, from now on: call it before loading the core."""
+    """This process's glibc malloc set as a TorchServe worker of `lane` sets its own: the archive's
+    handler.mmap_threshold_mib for that lane (handlers/host_memory.py; a lane the file does not name gets its
+    `default`). Only the malloc setting follows `lane`: a core keeps the `default` entries of the rest (load_core).
+    For the whole process, from now on. `python -m scripts.bench.batch` runs the pipeline ceiling (and so the
+    in-process jobs after it) under digits-bulk's setting: with glibc's own adaptive threshold the core alone ran at
+    one of two speeds from run to run, as its passes were or were not faulted in again (docs/batch-jobs.md)."""
     settings = HandlerSettings.from_yaml(MarFile(archive).model_config(), lane)
-    mib = settings.mmap_threshold_for(lane)
-    return HostMemory.for_this_process(mib * MIB if mib else MMAP_THRESHOLD)
+    return HostMemory.for_this_process(settings.mmap_threshold_bytes(lane))

@@ -153,9 +153,9 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
     with temporary_server(archive) as server:
         served = job("bench-server.jsonl", concurrency=concurrency, config=server.config, key_file=server.endpoints.key_file)
     print(served.text(), file=sys.stderr)
-    # The ceiling runs with this process's malloc set as the in-process jobs set it (digits-bulk's threshold):
-    # with glibc's adaptive one the core alone ran at 38,000 or 48,000 rows/s from one run to the next, as its
-    # activations were or were not faulted in again each pass.
+    # From here on this process's malloc is set as digits-bulk's worker sets its own (the ceiling's upper bound, and
+    # the in-process jobs after it): with glibc's adaptive threshold the core alone ran at 38,000 or 48,000 rows/s
+    # from one run to the next, as its activations were or were not faulted in again each pass.
     malloc_as_lane(archive, "digits-bulk")
     before = pipeline_ceiling(archive, rows // 2, chunk_size)
     with peak_rss_growth() as serial_rss:

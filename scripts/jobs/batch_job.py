@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from handlers.collector import PacedCollector
 from scripts import cli
-from scripts.archive.core import load_core, malloc_as_lane
+from scripts.archive.core import load_core
 from scripts.errors import ScriptError
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import FORMATS, Row, open_input
@@ -164,7 +164,6 @@ def _runner(config: JobConfig):
 
         return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address)
     if config.in_process:
-        malloc_as_lane(archive, config.lane or f"{config.model}-bulk")  # the lane this job stands in for
         return InProcessRunner(load_core(archive), archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
@@ -237,7 +236,7 @@ def parse_args(argv: list[str] | None) -> JobConfig:
     parser.add_argument("--input-format", choices=FORMATS, help="when the file name does not tell")
     parser.add_argument("--in-process", action="store_true", help="no server: run the handler core here")
     parser.add_argument("--archive", type=Path, help="with --in-process: the .mar to load (default model_store/<model>.mar)")
-    parser.add_argument("--lane", help="server lane (default <model>-bulk); in process: whose malloc setting to take")
+    parser.add_argument("--lane", help="server lane (default <model>-bulk)")
     parser.add_argument("--resume", action="store_true", help="continue the job that wrote --output")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--chunk-size", type=int, default=JobConfig.chunk_size, help="rows per request (default %(default)s)")

@@ -7,41 +7,61 @@ import os
 import subprocess
 import sys
 
-from handlers.host_memory import MIB, MMAP_THRESHOLD, TRIM_SLACK, HostMemory, rss_bytes
+from handlers.host_memory import MIB, HostMemory
 from scripts.layout import ROOT
+
+# Each test runs in a fresh interpreter: malloc's thresholds, its heap and what earlier tests left in it are per
+# process, and a block is served from a free chunk of the heap, whatever the threshold, when one is large enough.
+PRELUDE = """
+import ctypes, sys
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, so faults and RSS move page by page
+from handlers.host_memory import MIB, MMAP_THRESHOLD, TRIM_SLACK, HostMemory, rss_bytes
+"""
+
+
+def fresh(code: str, *args: str) -> str:
+    """Run PRELUDE + `code` in a new interpreter (glibc's own tunables left out); its stdout."""
+    env = {key: value for key, value in os.environ.items() if key != "GLIBC_TUNABLES"}
+    done = subprocess.run([sys.executable, "-c", PRELUDE + code, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def test_a_batch_that_left_the_heap_larger_is_followed_by_a_trim_that_gives_it_back():
-    memory = HostMemory.for_this_process()
-    assert memory.libc is not None  # every machine here runs glibc
-    memory.settle()
-    assert memory.after_batch() is False  # nothing grew
-    blocks = [bytearray(MMAP_THRESHOLD // 8) for _ in range(128)]  # 64 MiB of heap blocks, each written (zeroed)
-    keep = blocks[-1]  # the heap's top stays in use: the free middle goes back only through malloc_trim
-    del blocks
-    grown = rss_bytes()
-    assert grown > memory.resting + TRIM_SLACK + 32 * MIB
-    assert memory.after_batch() is True
-    assert rss_bytes() < grown - 32 * MIB
-    assert memory.resting == rss_bytes()  # what the trim left is the new resting size
-    assert memory.after_batch() is False
-    assert len(keep) == MMAP_THRESHOLD // 8
+    fresh("""
+memory = HostMemory.for_this_process()
+assert memory.libc is not None  # every machine here runs glibc
+memory.settle()
+assert memory.after_batch() is False  # nothing grew
+blocks = [bytearray(MMAP_THRESHOLD // 8) for _ in range(128)]  # 64 MiB of heap blocks, each written (zeroed)
+keep = blocks[-1]  # the heap's top stays in use: the free middle goes back only through malloc_trim
+del blocks
+grown = rss_bytes()
+assert grown > memory.resting + TRIM_SLACK + 32 * MIB
+assert memory.after_batch() is True
+assert rss_bytes() < grown - 32 * MIB
+assert memory.resting == rss_bytes()  # what the trim left is the new resting size
+assert memory.after_batch() is False
+assert len(keep) == MMAP_THRESHOLD // 8
+""")
 
 
 def test_a_block_over_the_threshold_is_given_back_as_soon_as_it_is_freed():
-    HostMemory.for_this_process().settle()
-    before = rss_bytes()
-    block = bytearray(64 * MIB)
-    assert rss_bytes() > before + 60 * MIB
-    del block
-    assert rss_bytes() < before + 4 * MIB
+    fresh("""
+HostMemory.for_this_process().settle()
+before = rss_bytes()
+block = bytearray(64 * MIB)
+assert rss_bytes() > before + 60 * MIB
+del block
+assert rss_bytes() < before + 4 * MIB
+""")
 
 
 PASSES = """
-import resource, sys
-from handlers.host_memory import MIB, HostMemory
 memory = HostMemory.for_this_process(int(sys.argv[1]) * MIB)
+assert memory.threshold == int(sys.argv[1]) * MIB  # mallopt took it
 memory.settle()
+import resource
 start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):  # a pass's largest block, written: a digits-bulk pass's convolution output is 8 MiB
     block = b"x" * (8 * MIB)
@@ -53,13 +73,10 @@ print(memory.slack // MIB, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - 
 
 def test_a_lane_with_a_higher_threshold_reuses_its_passes_blocks_instead_of_faulting_them_in_each_time():
     """A bulk lane's passes allocate blocks of several MiB every time. At the default threshold each is mapped,
-    faulted in page by page and unmapped again; under the lane's threshold the heap keeps it for the next pass.
-    Each threshold in a fresh interpreter: malloc's state is per process and other tests change it."""
+    faulted in page by page and unmapped again; under the lane's threshold the heap keeps it for the next pass."""
 
     def faults(threshold_mib: int) -> tuple[int, int]:
-        done = subprocess.run([sys.executable, "-c", PASSES, str(threshold_mib)], cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        slack, count = done.stdout.split()
+        slack, count = fresh(PASSES, str(threshold_mib)).split()
         return int(slack), int(count)
 
     pages = 8 * MIB // os.sysconf("SC_PAGE_SIZE")

@@ -115,6 +115,7 @@ def test_mmap_threshold_is_set_per_lane_and_unset_means_the_handlers_default():
     assert settings(None).mmap_threshold_for("digits") is None
     per_lane = settings({"default": 4, "digits-bulk": 32})
     assert [per_lane.mmap_threshold_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [4, 4, 32]
+    assert (per_lane.mmap_threshold_bytes("digits-bulk"), settings(None).mmap_threshold_bytes("digits")) == (32 * 2**20, None)
 
 
 def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_take_more():

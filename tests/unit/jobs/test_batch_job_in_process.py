@@ -161,13 +161,13 @@ def test_a_negative_prefetch_is_refused(tmp_path, digits_archive):
         run_job(job(tmp_path, digits_archive, tmp_path / "in.jsonl", prefetch=-1))
 
 
-def test_an_in_process_job_sets_malloc_as_the_worker_of_the_lane_it_stands_in_for(digits_archive):
-    """digits-bulk's workers keep a pass's blocks in the heap (handler.mmap_threshold_mib: 32); an in-process job
-    runs the same passes and takes the same setting (the stream lane's is 4). Each in a fresh interpreter: malloc's
+def test_malloc_as_lane_sets_this_process_as_a_worker_of_that_lane_sets_its_own(digits_archive):
+    """digits-bulk's workers keep a pass's blocks in the heap (handler.mmap_threshold_mib: 32), the stream lane's
+    map them (4); the batch bench runs its ceiling under digits-bulk's. Each in a fresh interpreter: malloc's
     settings are per process."""
     code = (
         "import sys, pathlib; from scripts.archive.core import malloc_as_lane; "
-        "print(malloc_as_lane(pathlib.Path(sys.argv[1]), sys.argv[2]).slack)"
+        "print(malloc_as_lane(pathlib.Path(sys.argv[1]), sys.argv[2]).threshold)"
     )
 
     def slack(lane: str) -> int:
