@@ -29,20 +29,23 @@ MMAP_THRESHOLD = 4 * MIB
 # With a threshold T, the heap's free top past 2T goes back at each free (glibc's own default is twice its
 # dynamic threshold), and a batch that leaves the worker more than T above the size its last trim left is
 # followed by malloc_trim (about a millisecond on a minilm worker): smaller growth is left for the next batch to
-# reuse. A stream worker must take a max_request_size body (64 MiB) on top of what it holds at rest, so little
-# is left to keep.
-TRIM_SLACK = MMAP_THRESHOLD
+# reuse (HostMemory.slack). A stream worker must take a max_request_size body (64 MiB) on top of what it holds at
+# rest, so little is left to keep.
 STATM = Path("/proc/self/statm")
 
 
 class HostMemory:
     """glibc's malloc for one worker process: `settle()` once the model is loaded, `after_batch()` after each."""
 
-    def __init__(self, libc: ctypes.CDLL | None, slack: int = TRIM_SLACK, threshold: int | None = None) -> None:
+    def __init__(self, libc: ctypes.CDLL | None, threshold: int | None = None) -> None:
         self.libc = libc
-        self.slack = slack  # growth over the resting size that after_batch() hands back
         self.threshold = threshold  # the mmap threshold set in this process, None where nothing was changed
         self.resting = 0  # bytes of RSS after the last trim: what the worker holds at rest
+
+    @property
+    def slack(self) -> int:
+        """Growth over the resting size that after_batch() hands back: one threshold."""
+        return self.threshold or MMAP_THRESHOLD
 
     @classmethod
     def for_this_process(cls, threshold: int | None = None) -> HostMemory:
@@ -56,7 +59,7 @@ class HostMemory:
         if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold)):
             logger.warning("mallopt refused the thresholds: malloc left as it is")
             return cls(libc)
-        return cls(libc, slack=threshold, threshold=threshold)
+        return cls(libc, threshold)
 
     def settle(self) -> int:
         """Hand back what loading freed and take the resting size; returns it in bytes (0 where unknown)."""

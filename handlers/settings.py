@@ -151,13 +151,9 @@ class HandlerSettings:
     def named_lanes_bytes(self) -> dict[str, int | None]:
         return _named_lanes(self.max_request_bytes)
 
-    def mmap_threshold_for(self, lane: str) -> int | None:
-        """glibc's mmap threshold in MiB for a worker of `lane`, None for the handler's default."""
-        return _for_lane(self.mmap_threshold_mib, lane)
-
     def mmap_threshold_bytes(self, lane: str) -> int | None:
-        """The same in bytes, as handlers/host_memory.py takes it."""
-        mib = self.mmap_threshold_for(lane)
+        """glibc's mmap threshold in bytes for a worker of `lane` (handlers/host_memory.py), None for its default."""
+        mib = _for_lane(self.mmap_threshold_mib, lane)
         return mib * 2**20 if mib else None
 
     def timeout_for(self, lane: str) -> int | None:

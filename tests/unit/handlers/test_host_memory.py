@@ -15,7 +15,7 @@ from scripts.layout import ROOT
 PRELUDE = """
 import ctypes, sys
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, so faults and RSS move page by page
-from handlers.host_memory import MIB, MMAP_THRESHOLD, TRIM_SLACK, HostMemory, rss_bytes
+from handlers.host_memory import MIB, MMAP_THRESHOLD, HostMemory, rss_bytes
 """
 
 
@@ -37,7 +37,8 @@ blocks = [bytearray(MMAP_THRESHOLD // 8) for _ in range(128)]  # 64 MiB of heap 
 keep = blocks[-1]  # the heap's top stays in use: the free middle goes back only through malloc_trim
 del blocks
 grown = rss_bytes()
-assert grown > memory.resting + TRIM_SLACK + 32 * MIB
+assert memory.slack == MMAP_THRESHOLD
+assert grown > memory.resting + memory.slack + 32 * MIB
 assert memory.after_batch() is True
 assert rss_bytes() < grown - 32 * MIB
 assert memory.resting == rss_bytes()  # what the trim left is the new resting size

@@ -112,10 +112,10 @@ def test_mmap_threshold_is_set_per_lane_and_unset_means_the_handlers_default():
     def settings(mib):
         return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "mmap_threshold_mib": mib}})
 
-    assert settings(None).mmap_threshold_for("digits") is None
+    assert settings(None).mmap_threshold_bytes("digits") is None
     per_lane = settings({"default": 4, "digits-bulk": 32})
-    assert [per_lane.mmap_threshold_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [4, 4, 32]
-    assert (per_lane.mmap_threshold_bytes("digits-bulk"), settings(None).mmap_threshold_bytes("digits")) == (32 * 2**20, None)
+    lanes = ("digits", "digits-seq", "digits-bulk")
+    assert [per_lane.mmap_threshold_bytes(lane) for lane in lanes] == [4 * 2**20, 4 * 2**20, 32 * 2**20]
 
 
 def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_take_more():
