@@ -25,6 +25,8 @@ from handlers.model_files import load_program
 PIXELS = GRID * GRID
 MAX_VALUE = 16.0
 NUMBER_TYPES = {int, float}
+# numpy's kinds of the same: signed and unsigned integers, floats (not bool, "b").
+NUMBER_KINDS = {"i", "u", "f"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class DigitClassification:
         return image_to_grid(body, self.options.max_image_pixels, self.budget)
 
     def decode_instance(self, item: Any) -> np.ndarray:
+        if isinstance(item, np.ndarray):  # a row of a columnar batch-job input (Parquet): checked as its list
+            item = item.tolist()
         if isinstance(item, dict):
             return self._decode_b64(item)
         if not isinstance(item, list):
@@ -91,18 +95,25 @@ class DigitClassification:
         return np.asarray(values, dtype=np.float32).reshape(GRID, GRID)
 
     def decode_many(self, items: list[Any]) -> list[np.ndarray] | None:
-        """A whole request's instances in a few numpy passes, when every one is a list of 64 ints/floats, all finite
-        and in 0..16 (a batch job's rows): the same float32 grids decode_instance gives each. None when any item is
-        anything else (8x8 lists, images, a bad value): the core then decodes item by item and names the first bad one.
+        """A whole request's instances in a few numpy passes, when every one is a list of 64 ints/floats (or a numpy
+        row of 64 numbers, from a columnar batch-job input), all finite and in 0..16 (a batch job's rows): the same
+        float32 grids decode_instance gives each. None when any item is anything else (8x8 lists, images, a bad
+        value): the core then decodes item by item and names the first bad one.
         """
-        if set(map(type, items)) != {list} or set(map(len, items)) != {PIXELS}:
-            return None
-        if not set(map(type, itertools.chain.from_iterable(items))) <= NUMBER_TYPES:
-            return None
-        try:
-            grids = np.array(items, dtype=np.float64)
-        except (OverflowError, ValueError):  # an int too large for a float: the item by item path says which
-            return None
+        kinds = set(map(type, items))
+        if kinds == {np.ndarray}:  # rows of a columnar batch-job input: numbers already, no Python value per pixel
+            if {item.shape for item in items} != {(PIXELS,)} or not {item.dtype.kind for item in items} <= NUMBER_KINDS:
+                return None
+            grids = np.stack(items).astype(np.float64)
+        else:
+            if kinds != {list} or set(map(len, items)) != {PIXELS}:
+                return None
+            if not set(map(type, itertools.chain.from_iterable(items))) <= NUMBER_TYPES:
+                return None
+            try:
+                grids = np.array(items, dtype=np.float64)
+            except (OverflowError, ValueError):  # an int too large for a float: the item by item path says which
+                return None
         if not (np.isfinite(grids).all() and grids.min() >= 0 and grids.max() <= MAX_VALUE):
             return None
         return list(grids.astype(np.float32).reshape(len(items), GRID, GRID))

@@ -1,7 +1,7 @@
 """Held-out digits as the payloads clients send: JSON grids, PNG bytes in several looks, and batch-job
 input files (tests, benchmarks, verify, `make batch-job`).
 
-    python -m models.digits.samples --rows 100000 --output build/batch/digits-100k.jsonl
+    python -m models.digits.samples --rows 100000 --output build/batch/digits-100k.jsonl   # or .parquet
 """
 
 from __future__ import annotations
@@ -70,12 +70,24 @@ def write_jsonl(path: Path, rows: DigitRows) -> Path:
     return path
 
 
+def write_parquet(path: Path, rows: DigitRows) -> Path:
+    """The same rows as write_jsonl in Parquet: an `id` column and an `instance` column of lists of 64 ints."""
+    import pyarrow as pa  # the batch-job tools' dependency, not the serving image's
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ids = [f"digit-{number}" for number in range(len(rows.instances))]
+    pq.write_table(pa.table({"id": ids, "instance": rows.instances}), path)
+    return path
+
+
 def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--rows", type=int, default=None, help="rows to write (default: the held-out split once)")
-    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True, help=".jsonl or .parquet")
     args = parser.parse_args()
-    print(f"wrote {write_jsonl(args.output, digit_rows(args.rows))}")
+    write = write_parquet if args.output.suffix == ".parquet" else write_jsonl
+    print(f"wrote {write(args.output, digit_rows(args.rows))}")
     return 0
 
 

@@ -2,13 +2,15 @@
 
     python -m scripts.bench.batch [--rows 1000000] [--chunk-size 2000] [--concurrency 8] [--prefetch 2]
 
-Serves model_store/digits.mar from a throwaway TorchServe (free ports), runs the held-out digits
-repeated to --rows through `digits-bulk` (progress bar on), then the same job in-process twice: one thread
-reading, decoding, running and writing (--prefetch 0, before issue 18) and with chunks read and decoded ahead
-(--prefetch N). The ceiling is the core alone over pre-decoded chunks of the same size, on the same torch
-threads, in this process: what the in-process job would do if reading, decoding and writing cost nothing. It runs
-twice, half the rows before the in-process jobs and half after, and counts as one: the core's own speed on this
-machine moved by up to 2x between runs minutes apart (31,634 to 62,758 rows/s in six back-to-back runs).
+Serves model_store/digits.mar from a throwaway TorchServe (free ports), runs the held-out digits repeated to
+--rows, as Parquet (an `instance` column of 64 ints a row), through `digits-bulk` (progress bar on), then the same
+job in-process twice: one thread reading, decoding, running and writing (--prefetch 0, before issue 18) and with
+chunks read and decoded ahead (--prefetch N); then once more with the same rows as JSONL (--prefetch N), what
+reading and decoding text costs against Parquet's numpy rows. The ceiling is the core alone over pre-decoded chunks
+of the same size, on the same torch threads, in this process: what the in-process job would do if reading, decoding
+and writing cost nothing. It runs twice, half the rows before the in-process jobs and half after, and counts as
+one: the core's own speed on this machine moved by up to 2x between runs minutes apart (31,634 to 62,758 rows/s in
+six back-to-back runs).
 Checks each output holds exactly one result per input row, samples each in-process job's resident memory,
 prints rows/s and writes them to docs/benchmarks.md (its own section; other sections of that file are kept).
 """
@@ -25,11 +27,12 @@ from datetime import date
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import torch
 
 from handlers.collector import PacedCollector
 from handlers.decoding import Payload
-from models.digits.samples import digit_rows, write_jsonl
+from models.digits.samples import digit_rows, write_jsonl, write_parquet
 from scripts import cli
 from scripts.archive.core import load_core, malloc_as_lane
 from scripts.bench.pipeline import Timed
@@ -64,10 +67,12 @@ class BenchResult:
     server: JobSummary
     serial: JobSummary  # in-process, --prefetch 0
     in_process: JobSummary  # in-process, --prefetch N
+    jsonl: JobSummary  # in-process, --prefetch N, the same rows as JSONL
     ceiling: Ceiling  # both halves together
     ceiling_halves: tuple[float, float]  # rows/s before and after the in-process jobs
     serial_rss_growth_mb: float
     rss_growth_mb: float
+    jsonl_rss_growth_mb: float
 
     @property
     def best_in_process(self) -> float:
@@ -79,7 +84,7 @@ class BenchResult:
         ceiling = self.ceiling.rows_per_second
         return "\n".join(
             [
-                f"{self.rows:,} rows (held-out digits repeated), chunks of {self.chunk_size} rows",
+                f"{self.rows:,} rows (held-out digits repeated, Parquet), chunks of {self.chunk_size} rows",
                 f"  bulk lane ({self.concurrency} chunks in flight): {self.server.rows_per_second:,.0f} rows/s "
                 f"({self.server.seconds:.1f}s, {self.server.predicted:,} results)",
                 f"  in-process, --prefetch 0:        {self.serial.rows_per_second:,.0f} rows/s "
@@ -88,6 +93,9 @@ class BenchResult:
                 f"  in-process, --prefetch {self.prefetch}:        {self.in_process.rows_per_second:,.0f} rows/s "
                 f"({self.in_process.seconds:.1f}s; {self.in_process.rows_per_second / ceiling:.2f} of the ceiling; "
                 f"resident memory +{self.rss_growth_mb:.0f} MB at most)",
+                f"  in-process, JSONL, --prefetch {self.prefetch}: {self.jsonl.rows_per_second:,.0f} rows/s "
+                f"({self.jsonl.seconds:.1f}s; {self.jsonl.rows_per_second / ceiling:.2f} of the ceiling; "
+                f"resident memory +{self.jsonl_rss_growth_mb:.0f} MB at most)",
                 f"  ceiling (core over pre-decoded chunks, {self.ceiling.threads} torch threads): {ceiling:,.0f} rows/s "
                 f"({self.ceiling_halves[0]:,.0f} before the in-process jobs, {self.ceiling_halves[1]:,.0f} after)",
                 f"  bulk lane / the faster in-process run: {ratio:.2f}x",
@@ -140,14 +148,17 @@ def count_lines(path: Path) -> int:
 
 
 def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: Path) -> BenchResult:
-    source = workdir / f"digits-{rows}.jsonl"
-    if not source.exists() or count_lines(source) != rows:
-        write_jsonl(source, digit_rows(rows))
+    text = workdir / f"digits-{rows}.jsonl"
+    if not text.exists() or count_lines(text) != rows:
+        write_jsonl(text, digit_rows(rows))
+    source = workdir / f"digits-{rows}.parquet"
+    if not source.exists() or pq.ParquetFile(source).metadata.num_rows != rows:
+        write_parquet(source, digit_rows(rows))
     archive = MODEL_STORE / "digits.mar"
 
-    def job(output: str, **runner) -> JobSummary:
+    def job(output: str, input: Path = source, **runner) -> JobSummary:
         """The same rows and chunks each time; `runner` says where they go (a server, or in-process)."""
-        config = JobConfig(model="digits", input=source, output=workdir / output, chunk_size=chunk_size, overwrite=True, **runner)
+        config = JobConfig(model="digits", input=input, output=workdir / output, chunk_size=chunk_size, overwrite=True, **runner)
         return run_job(config)
 
     with temporary_server(archive) as server:
@@ -164,17 +175,32 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
     with peak_rss_growth() as local_rss:
         local = job("bench-in-process.jsonl", in_process=True, archive=archive, prefetch=prefetch)
     print(local.text(), file=sys.stderr)
+    with peak_rss_growth() as jsonl_rss:
+        from_text = job("bench-in-process-jsonl.jsonl", input=text, in_process=True, archive=archive, prefetch=prefetch)
+    print(from_text.text(), file=sys.stderr)
     after = pipeline_ceiling(archive, rows - rows // 2, chunk_size)
     ceiling = Ceiling(before.count + after.count, before.seconds + after.seconds, threads=before.threads)
     halves = (before.rows_per_second, after.rows_per_second)
-    for summary in (served, serial, local):
+    for summary in (served, serial, local, from_text):
         written = count_lines(summary.output)
         if written != rows or summary.failed:
             raise ScriptError(
                 f"{summary.output}: {written} results and {summary.failed} errors for {rows} rows; expected one result per row"
             )
     return BenchResult(
-        rows, chunk_size, concurrency, prefetch, served, serial, local, ceiling, halves, serial_rss[0], local_rss[0]
+        rows,
+        chunk_size,
+        concurrency,
+        prefetch,
+        served,
+        serial,
+        local,
+        from_text,
+        ceiling,
+        halves,
+        serial_rss[0],
+        local_rss[0],
+        jsonl_rss[0],
     )
 
 
@@ -191,6 +217,9 @@ def write_report(result: BenchResult) -> None:
                 "",
                 f"Measured {date.today().isoformat()} on {machine()}. Figures vary with whatever else runs on the machine.",
                 "",
+                "Input: the rows as Parquet (an `instance` column of 64 ints a row, read as numpy rows), and once more as "
+                "JSONL (one JSON object a line, read and decoded as Python values).",
+                "",
                 "| path | rows | rows/s | seconds | results |",
                 "| --- | ---: | ---: | ---: | ---: |",
                 f"| `digits-bulk` lane, chunks of {result.chunk_size}, {result.concurrency} in flight | {result.rows:,} | "
@@ -202,6 +231,9 @@ def write_report(result: BenchResult) -> None:
                 f"(`--prefetch {result.prefetch}`, the default) | "
                 f"{result.rows:,} | {result.in_process.rows_per_second:,.0f} | {result.in_process.seconds:.1f} | "
                 f"{result.in_process.predicted:,} |",
+                f"| in-process, the same rows as JSONL (`--prefetch {result.prefetch}`) | "
+                f"{result.rows:,} | {result.jsonl.rows_per_second:,.0f} | {result.jsonl.seconds:.1f} | "
+                f"{result.jsonl.predicted:,} |",
                 f"| ceiling: the core alone over pre-decoded chunks of {result.chunk_size}, "
                 f"{result.ceiling.threads} torch threads | "
                 f"{result.ceiling.count:,} | {ceiling:,.0f} | {result.ceiling.seconds:.1f} | |",
@@ -211,10 +243,11 @@ def write_report(result: BenchResult) -> None:
                 "Python's garbage collector by chunk (handlers/collector.py).",
                 "",
                 f"In-process / ceiling: {serial_share:.2f} with `--prefetch 0`, {share:.2f} with `--prefetch {result.prefetch}` "
-                f"(target >= {CEILING_TARGET:g} for the faster run: {'met' if best >= CEILING_TARGET else '**missed**'}). "
-                "The ceiling runs in the same process on the same torch threads as both jobs. Resident memory grew by "
-                f"at most {result.serial_rss_growth_mb:.0f} MB and {result.rss_growth_mb:.0f} MB over each job "
-                "(sampled every 0.2 s).",
+                f"(target >= {CEILING_TARGET:g} for the faster run: {'met' if best >= CEILING_TARGET else '**missed**'}); "
+                f"{result.jsonl.rows_per_second / ceiling:.2f} from JSONL. "
+                "The ceiling runs in the same process on the same torch threads as the jobs. Resident memory grew by "
+                f"at most {result.serial_rss_growth_mb:.0f} MB, {result.rss_growth_mb:.0f} MB and "
+                f"{result.jsonl_rss_growth_mb:.0f} MB over each job (sampled every 0.2 s).",
                 "",
                 f"Bulk lane / the faster in-process run: {ratio:.2f}x "
                 f"(target >= {TARGET:g}x: {'met' if ratio >= TARGET else '**missed**'}). "

@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from scripts.errors import ScriptError
@@ -186,6 +189,15 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
         raise InputError(f"{path}: expected an 'instance' column or value columns besides 'id', got {names}")
     index = 0
     for batch in table.iter_batches(batch_size=4096):
+        matrix = _numeric_matrix(batch, value_columns)
+        if matrix is not None:
+            # Each row's instance is its row of the batch's matrix, no Python number per value: 4-7 us a digits row
+            # less to read and decode than lists (docs/batch-jobs.md, "Columnar input").
+            ids = batch.column("id").to_pylist() if "id" in names else range(index + 1, index + 1 + batch.num_rows)
+            for row_id, instance in zip(ids, matrix, strict=True):
+                yield Row(index, row_id, instance)
+                index += 1
+            continue
         data = batch.to_pydict()
         ids = data.get("id")
         for offset in range(batch.num_rows):
@@ -195,6 +207,38 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
                 instance = [data[name][offset] for name in value_columns]
             yield Row(index, ids[offset] if ids is not None else index + 1, instance)
             index += 1
+
+
+def _numeric_matrix(batch: pa.RecordBatch, value_columns: list[str]) -> np.ndarray | None:
+    """The batch's instances as one (rows, values) numpy array, when they are numbers without nulls, as many per row:
+    an `instance` column of lists of ints or floats, or (without one) value columns of one numeric type. None for
+    anything else (text, structs, nulls, ragged lists, mixed column types): those rows are read as Python values.
+
+    The rows' values are the ones the Python path gives (int64 stays integral, float64 stays float), so a decoder
+    that rejects a value names it the same way."""
+    if "instance" in batch.schema.names:
+        column = batch.column("instance")
+        kind = column.type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+            return None
+        if not _is_number(kind.value_type) or column.null_count or batch.num_rows == 0:
+            return None
+        values = column.flatten()
+        lengths = pc.list_value_length(column)
+        width = lengths[0].as_py()
+        if values.null_count or pc.min_max(lengths).as_py() != {"min": width, "max": width}:
+            return None
+        return values.to_numpy().reshape(batch.num_rows, width)
+    columns = [batch.column(name) for name in value_columns]
+    if len({column.type for column in columns}) != 1 or not _is_number(columns[0].type) or batch.num_rows == 0:
+        return None
+    if any(column.null_count for column in columns):
+        return None
+    return np.column_stack([column.to_numpy() for column in columns])
+
+
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind)
 
 
 def _parquet_count(path: Path) -> int:

@@ -60,8 +60,10 @@ def decode_chunk(core: InferenceCore, rows: list[Row]) -> DecodedChunk:
 
 def predict_chunk(core: InferenceCore, chunk: DecodedChunk) -> list[RowResult]:
     """Results for every row of the chunk, in the chunk's order."""
-    results = dict(chunk.failed)
     outputs = core.predict(chunk.decoded) if chunk.decoded else []
+    if not chunk.failed and not any(isinstance(output, RequestError) for output in outputs):  # every row predicted
+        return [RowResult(row, prediction=output) for row, output in zip(chunk.rows, outputs, strict=True)]
+    results = dict(chunk.failed)
     for row, output in zip(chunk.decoded_rows, outputs, strict=True):
         if isinstance(output, RequestError):  # a row that does not fit in device memory even alone
             results[row.index] = RowResult(row, error=output.to_dict())

@@ -54,6 +54,24 @@ def test_plain_rows_decode_at_once_to_the_grids_of_item_by_item():
         np.testing.assert_array_equal(row, TASK.decode_instance(item))
 
 
+def test_numpy_rows_of_a_columnar_input_decode_like_their_lists():
+    """Rows of a Parquet batch-job input come as numpy rows (scripts/jobs/inputs.py): the same grids at once, and a
+    bad value named as in the list it stands for."""
+    items = [grid.flatten().tolist() for grid in held_out(4)[0]]
+    for dtype in (np.int64, np.float64, np.uint8):
+        rows = list(np.array(items, dtype=dtype))
+        many = TASK.decode_many(rows)
+        assert many is not None and len(many) == 4
+        for row, item in zip(many, items, strict=True):
+            np.testing.assert_array_equal(row, TASK.decode_many([item, item])[0])
+            np.testing.assert_array_equal(TASK.decode_instance(np.array(item, dtype=dtype)), row)
+    bad = [np.array([0] * 63 + [17]), np.array([0] * 63 + [17.0]), np.array([True] * 64), np.zeros(63, dtype=np.int64)]
+    for row, message in zip(bad, ["got 17$", "got 17.0$", "got True$", "got 63$"], strict=True):
+        assert TASK.decode_many([np.zeros(64, dtype=row.dtype), row]) is None
+        with pytest.raises(RequestError, match=message):
+            TASK.decode_instance(row)
+
+
 @pytest.mark.parametrize(
     "odd",
     [

@@ -102,6 +102,27 @@ def test_csv_and_parquet_inputs_give_the_same_results_as_jsonl(tmp_path, digits_
     assert_same(read_results(tmp_path / "from-parquet.parquet"), reference)
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_bad_value_in_a_parquet_row_fails_that_row_alone_named_as_in_jsonl(tmp_path, digits_archive, reference, prefetch):
+    """Parquet rows come as numpy rows (no Python number per pixel); a value out of range sends the chunk down the
+    item-by-item path, which names it as it would in a JSON list."""
+    instances = [list(row) for row in ROWS.instances]
+    instances[70][5] = 17
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [f"digit-{n}" for n in range(120)], "instance": instances}), source)
+    summary = run_job(job(tmp_path, digits_archive, source, chunk_size=50, prefetch=prefetch))
+    assert (summary.predicted, summary.failed) == (119, 1)
+    assert_same(read_results(tmp_path / "out.jsonl"), reference[:70] + reference[71:])
+    errors = [orjson.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert errors == [
+        {
+            "id": "digit-70",
+            "row": 71,
+            "error": {"code": 400, "type": "InvalidInput", "message": "expected 64 values in 0..16, got 17"},
+        }
+    ]
+
+
 def test_resume_after_the_job_is_killed_mid_run(tmp_path, digits_archive, reference):
     source = write_jsonl(tmp_path / "in.jsonl", ROWS)
     output = tmp_path / "out.jsonl"

@@ -2,6 +2,7 @@
 
 import base64
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -83,8 +84,56 @@ def test_parquet_list_column_and_value_columns(tmp_path):
     columns = tmp_path / "columns.parquet"
     pq.write_table(pa.table({f"p{i}": [grid[i] for grid in GRIDS[:3]] for i in range(64)}), columns)
     assert open_input(with_list).count() == 3
-    assert [(r.id, r.instance) for r in open_input(with_list).rows()] == list(zip([10, 11, 12], GRIDS[:3], strict=True))
-    assert [(r.id, r.instance) for r in open_input(columns).rows(skip=1)] == list(zip([2, 3], GRIDS[1:3], strict=True))
+    assert [(r.id, r.instance.tolist()) for r in open_input(with_list).rows()] == list(zip([10, 11, 12], GRIDS[:3], strict=True))
+    assert [(r.id, r.instance.tolist()) for r in open_input(columns).rows(skip=1)] == list(zip([2, 3], GRIDS[1:3], strict=True))
+
+
+def test_parquet_numbers_come_as_numpy_rows_with_the_values_of_the_python_path(tmp_path):
+    """Lists of numbers without nulls, as many per row, are read as rows of one array per record batch: the values
+    (and whether they are ints or floats) the Python path gives, ids as written, line numbers where there are none."""
+    floats = [[v + 0.5 for v in grid] for grid in GRIDS[:3]]
+    cases = {
+        "ints": (pa.table({"id": ["a", "b", "c"], "instance": GRIDS[:3]}), ["a", "b", "c"], GRIDS[:3], np.int64),
+        "floats": (pa.table({"instance": floats}), [1, 2, 3], floats, np.float64),
+        "fixed size": (
+            pa.table({"instance": pa.array(GRIDS[:3], type=pa.list_(pa.int32(), 64))}),
+            [1, 2, 3],
+            GRIDS[:3],
+            np.int32,
+        ),
+        "columns": (pa.table({f"p{i}": [grid[i] for grid in floats] for i in range(64)}), [1, 2, 3], floats, np.float64),
+    }
+    for name, (table, ids, values, dtype) in cases.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path)
+        rows = list(open_input(path).rows())
+        assert [r.id for r in rows] == ids, name
+        assert all(isinstance(r.instance, np.ndarray) and r.instance.dtype == dtype for r in rows), name
+        assert [r.instance.tolist() for r in rows] == values, name
+        assert [type(v) for v in rows[0].instance.tolist()] == [type(v) for v in values[0]], name
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        pa.table({"instance": [[1, 2], [3]]}),  # ragged
+        pa.table({"instance": [[1, None], [3, 4]]}),  # a null value
+        pa.table({"instance": [[1, 2], None]}),  # a null row
+        pa.table({"instance": [[True, False], [False, True]]}),  # bools are not numbers
+        pa.table({"instance": ["seven", "eight"]}),  # text
+        pa.table({"a": [1, 2], "b": [0.5, 1.5]}),  # value columns of two types
+        pa.table({"a": [1, None], "b": [2, 3]}),  # a null in a value column
+    ],
+)
+def test_anything_else_in_parquet_is_read_as_python_values(tmp_path, table):
+    path = tmp_path / "odd.parquet"
+    pq.write_table(table, path)
+    rows = list(open_input(path).rows())
+    expected = table.column("instance").to_pylist() if "instance" in table.column_names else [[1, 2], [None, 3]]
+    if "a" in table.column_names and table.column("a").null_count == 0:
+        expected = [[1, 0.5], [2, 1.5]]
+    assert [r.instance for r in rows] == expected
+    assert not any(isinstance(r.instance, np.ndarray) for r in rows)
 
 
 def test_image_folder_rows_are_base64_items_in_sorted_path_order(tmp_path):
