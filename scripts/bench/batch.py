@@ -17,10 +17,13 @@ prints rows/s and writes them to docs/benchmarks.md (its own section; other sect
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
@@ -38,7 +41,7 @@ from scripts.archive.core import load_core, malloc_as_lane
 from scripts.bench.pipeline import Timed
 from scripts.bench.report import REPORT, machine, replace_section
 from scripts.errors import ScriptError
-from scripts.jobs.batch_job import PREFETCH, JobConfig, JobSummary, run_job
+from scripts.jobs.batch_job import PREFETCH, JobConfig, JobSummary, one_torch_thread, run_job
 from scripts.layout import BUILD, MODEL_STORE, ROOT
 from scripts.server.temporary import temporary_server
 
@@ -52,10 +55,19 @@ CEILING_CHUNKS = 20
 
 @dataclass(frozen=True)
 class Ceiling(Timed):
-    """`count` rows through the core in `seconds`, on `threads` torch threads."""
+    """`count` rows through the core in `seconds`: `workers` passes at once, each on `threads` torch threads."""
 
     threads: int = 1
+    workers: int = 1
     rows_per_second = Timed.per_second
+
+    @property
+    def layout(self) -> str:
+        passes = "1 pass" if self.workers == 1 else f"{self.workers} passes at once"
+        return f"{passes} of {self.threads} torch thread{'s' if self.threads > 1 else ''}"
+
+    def __add__(self, other: Ceiling) -> Ceiling:
+        return Ceiling(self.count + other.count, self.seconds + other.seconds, threads=self.threads, workers=self.workers)
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class BenchResult:
     serial_rss_growth_mb: float
     rss_growth_mb: float
     jsonl_rss_growth_mb: float
+    other_ceilings: list[Ceiling]  # the slower layouts, both halves together
 
     @property
     def best_in_process(self) -> float:
@@ -96,28 +109,47 @@ class BenchResult:
                 f"  in-process, JSONL, --prefetch {self.prefetch}: {self.jsonl.rows_per_second:,.0f} rows/s "
                 f"({self.jsonl.seconds:.1f}s; {self.jsonl.rows_per_second / ceiling:.2f} of the ceiling; "
                 f"resident memory +{self.jsonl_rss_growth_mb:.0f} MB at most)",
-                f"  ceiling (core over pre-decoded chunks, {self.ceiling.threads} torch threads): {ceiling:,.0f} rows/s "
-                f"({self.ceiling_halves[0]:,.0f} before the in-process jobs, {self.ceiling_halves[1]:,.0f} after)",
+                f"  ceiling (core over pre-decoded chunks, {self.ceiling.layout}): {ceiling:,.0f} rows/s "
+                f"({self.ceiling_halves[0]:,.0f} before the in-process jobs, {self.ceiling_halves[1]:,.0f} after)"
+                + "".join(f"; {other.layout}: {other.rows_per_second:,.0f}" for other in self.other_ceilings),
                 f"  bulk lane / the faster in-process run: {ratio:.2f}x",
             ]
         )
 
 
-def pipeline_ceiling(archive: Path, rows: int, chunk_size: int) -> Ceiling:
-    """The core's predict over chunks decoded beforehand, `rows` rows in all, on this process's torch threads."""
-    core = load_core(archive)
-    instances = digit_rows(chunk_size * CEILING_CHUNKS).instances
-    chunks = [core.decode(Payload(items=instances[i : i + chunk_size], raw=False)) for i in range(0, len(instances), chunk_size)]
-    core.predict(chunks[0])  # warm-up
-    with PacedCollector() as collector:  # the jobs' collector (scripts/jobs/batch_job.py): same process, same pace
-        done, started = 0, time.perf_counter()
-        while done < rows:
-            chunk = chunks[(done // chunk_size) % len(chunks)][: rows - done]
-            core.predict(chunk)
-            done += len(chunk)
-            collector.tick()
-        seconds = time.perf_counter() - started
-    return Ceiling(done, seconds, threads=torch.get_num_threads())
+def pipeline_ceiling(archive: Path, rows: int, chunk_size: int, workers: int = 1) -> Ceiling:
+    """The core's predict over chunks decoded beforehand, `rows` rows in all: one pass at a time on this process's
+    torch threads, or `workers` passes at once on one torch thread each (what an in-process job on the CPU runs,
+    scripts/jobs/batch_job.py forward_workers)."""
+    with one_torch_thread() if workers > 1 else contextlib.nullcontext():
+        core = load_core(archive)
+        instances = digit_rows(chunk_size * CEILING_CHUNKS).instances
+        starts = range(0, len(instances), chunk_size)
+        chunks = [core.decode(Payload(items=instances[i : i + chunk_size], raw=False)) for i in starts]
+        core.predict(chunks[0])  # warm-up
+        pool, in_flight = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ceiling"), deque()
+        with pool, PacedCollector() as collector:  # the jobs' collector (scripts/jobs/batch_job.py): same pace
+            done, started = 0, time.perf_counter()
+            while done < rows:
+                chunk = chunks[(done // chunk_size) % len(chunks)][: rows - done]
+                in_flight.append(pool.submit(core.predict, chunk))
+                done += len(chunk)
+                while len(in_flight) > workers - 1 and in_flight:
+                    in_flight.popleft().result()
+                    collector.tick()
+            while in_flight:
+                in_flight.popleft().result()
+                collector.tick()
+            seconds = time.perf_counter() - started
+        return Ceiling(done, seconds, threads=torch.get_num_threads(), workers=workers)
+
+
+def ceiling_layouts(archive: Path, rows: int, chunk_size: int) -> dict[int, Ceiling]:
+    """The ceiling in each layout a job can run (one pass on every torch thread; a pass per thread on one each),
+    `rows` rows in all, alternated: the bench holds the jobs to the faster."""
+    layouts = sorted({1, torch.get_num_threads()})
+    share = rows // len(layouts)
+    return {workers: pipeline_ceiling(archive, share, chunk_size, workers) for workers in layouts}
 
 
 @contextmanager
@@ -168,7 +200,7 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
     # the in-process jobs after it): with glibc's adaptive threshold the core alone ran at 38,000 or 48,000 rows/s
     # from one run to the next, as its activations were or were not faulted in again each pass.
     malloc_as_lane(archive, "digits-bulk")
-    before = pipeline_ceiling(archive, rows // 2, chunk_size)
+    before = ceiling_layouts(archive, rows // 2, chunk_size)
     with peak_rss_growth() as serial_rss:
         serial = job("bench-in-process-serial.jsonl", in_process=True, archive=archive, prefetch=0)
     print(serial.text(), file=sys.stderr)
@@ -178,9 +210,12 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
     with peak_rss_growth() as jsonl_rss:
         from_text = job("bench-in-process-jsonl.jsonl", input=text, in_process=True, archive=archive, prefetch=prefetch)
     print(from_text.text(), file=sys.stderr)
-    after = pipeline_ceiling(archive, rows - rows // 2, chunk_size)
-    ceiling = Ceiling(before.count + after.count, before.seconds + after.seconds, threads=before.threads)
-    halves = (before.rows_per_second, after.rows_per_second)
+    after = ceiling_layouts(archive, rows - rows // 2, chunk_size)
+    layouts = {workers: before[workers] + after[workers] for workers in before}
+    fastest = max(layouts, key=lambda workers: layouts[workers].rows_per_second)
+    ceiling = layouts[fastest]
+    halves = (before[fastest].rows_per_second, after[fastest].rows_per_second)
+    others = [layout for workers, layout in layouts.items() if workers != fastest]
     for summary in (served, serial, local, from_text):
         written = count_lines(summary.output)
         if written != rows or summary.failed:
@@ -201,6 +236,7 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
         serial_rss[0],
         local_rss[0],
         jsonl_rss[0],
+        others,
     )
 
 
@@ -235,11 +271,15 @@ def write_report(result: BenchResult) -> None:
                 f"{result.rows:,} | {result.jsonl.rows_per_second:,.0f} | {result.jsonl.seconds:.1f} | "
                 f"{result.jsonl.predicted:,} |",
                 f"| ceiling: the core alone over pre-decoded chunks of {result.chunk_size}, "
-                f"{result.ceiling.threads} torch threads | "
+                f"{result.ceiling.layout} | "
                 f"{result.ceiling.count:,} | {ceiling:,.0f} | {result.ceiling.seconds:.1f} | |",
                 "",
                 f"The ceiling ran in two halves, before the in-process jobs ({result.ceiling_halves[0]:,.0f} rows/s) and after "
-                f"them ({result.ceiling_halves[1]:,.0f}); the row above is both together. Both jobs and the ceiling pace "
+                f"them ({result.ceiling_halves[1]:,.0f}); the row above is both together. Each half ran every layout a job "
+                "can run, alternated, and the row above is the faster"
+                + "".join(f" (the other, {other.layout}: {other.rows_per_second:,.0f} rows/s)" for other in result.other_ceilings)
+                + ". Jobs with prefetch on the CPU run a pass per torch thread at once, on one thread each "
+                "(scripts/jobs/batch_job.py `forward_workers`). Both jobs and the ceiling pace "
                 "Python's garbage collector by chunk (handlers/collector.py).",
                 "",
                 f"In-process / ceiling: {serial_share:.2f} with `--prefetch 0`, {share:.2f} with `--prefetch {result.prefetch}` "

@@ -5,7 +5,8 @@ is read and decoded (the forward pass is where torch releases the GIL and uses e
 
 - a prefetch thread reads rows, cuts chunks and decodes them with the core's own decoder, keeping at most
   `depth` decoded chunks ready (a bounded queue: memory stays flat, whatever the input's size);
-- one worker runs `core.predict` over each decoded chunk (collate, forward, unbatch; on CUDA the core pins each
+- forward workers run `core.predict` over the decoded chunks (collate, forward, unbatch): on the CPU one per
+  torch thread, each on one thread (scripts/jobs/batch_job.py forward_workers), on CUDA one (the core pins each
   micro-batch and copies it without blocking, so the copy overlaps the device's work);
 - the job's main thread writes and commits results in input order.
 

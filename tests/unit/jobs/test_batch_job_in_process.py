@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -12,10 +13,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from handlers.core import InferenceCore
 from models.digits.samples import digit_rows, write_jsonl
 from scripts.archive.reader import MarFile
-from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, main, run_job
+from scripts.jobs.batch_job import EXIT_ROW_ERRORS, JobConfig, forward_workers, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.jobs.runners import JobError
 from scripts.layout import ROOT
@@ -175,6 +178,35 @@ def test_prefetch_writes_the_same_files_as_one_thread(tmp_path, digits_archive):
         files[prefetch] = (output.read_bytes(), (tmp_path / f"out-{prefetch}.errors.jsonl").read_bytes())
     assert files[3] == files[0]
     assert files[0][1].count(b"\n") == 2
+
+
+def test_on_the_cpu_a_prefetching_job_runs_a_pass_per_torch_thread_each_on_one(tmp_path, digits_archive, monkeypatch):
+    """forward_workers: with prefetch, one forward pass per torch thread at once, each on one thread; torch's count
+    is back afterwards; the results are those of one thread doing everything."""
+    seen: list[tuple[int, int]] = []
+    predict = InferenceCore.predict
+
+    def watched(self, rows, stages=None):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        time.sleep(0.02)  # long enough for the other worker to take the next chunk
+        return predict(self, rows, stages)
+
+    monkeypatch.setattr(InferenceCore, "predict", watched)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+        assert forward_workers(job(tmp_path, digits_archive, source, prefetch=2)) == 2
+        assert forward_workers(job(tmp_path, digits_archive, source, prefetch=0)) == 1
+        summary = run_job(job(tmp_path, digits_archive, source, chunk_size=20, prefetch=2))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    assert summary.predicted == 120
+    assert {threads for _, threads in seen} == {1}
+    assert len({thread for thread, _ in seen}) == 2
+    results = read_results(tmp_path / "out.jsonl")
+    assert [r["id"] for r in results] == [f"digit-{n}" for n in range(120)]
 
 
 def test_a_negative_prefetch_is_refused(tmp_path, digits_archive):
