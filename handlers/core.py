@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,17 @@ class StageTimes:
     forward_rows: list[int] = field(default_factory=list)  # rows in each forward pass that completed
     oom_splits: int = 0  # times an out-of-memory halved the micro-batch
 
+    def add_passes(self, passes: Sequence[StageTimes], wall: float) -> None:
+        """Passes that ran at once, `wall` seconds in all: their collate, forward and encode times are shares of that
+        wall time in the proportions the passes spent (so the stages still add up to the batch's time)."""
+        spent = sum(p.collate + p.forward + p.encode for p in passes)
+        scale = wall / spent if spent > 0 else 0.0
+        self.collate += sum(p.collate for p in passes) * scale
+        self.forward += sum(p.forward for p in passes) * scale
+        self.encode += sum(p.encode for p in passes) * scale
+        for p in passes:
+            self.forward_rows.extend(p.forward_rows)
+
 
 def select_device(gpu_id: int | str | None) -> torch.device:
     """`cuda:<gpu_id>` when TorchServe assigned a GPU and CUDA is usable, else the CPU."""
@@ -72,6 +84,21 @@ class InferenceCore:
         # CUDA: copy batches from pinned host memory with non_blocking (overlaps with queued GPU work). A switch
         # for measuring it (scripts/gpu/check.py), on by default.
         self.pinned_copies = True
+        # Micro-batches of one call run at once on these threads (run_passes_at_once); None: one after the other.
+        self._passes: ThreadPoolExecutor | None = None
+
+    def run_passes_at_once(self, passes: int) -> int:
+        """Run up to `passes` micro-batches of one predict() at once, each on the calling pool thread (torch's own
+        thread count applies within each: set it to 1). On the CPU only: a device runs one pass at a time anyway.
+        Returns the number in effect.
+
+        A bulk request of thousands of rows on a 2-core CPU: two passes of one thread each instead of one of two, no
+        OpenMP barrier for the worker's other threads to stall (docs/batch-jobs.md, "Passes at once in the bulk
+        lane")."""
+        if passes <= 1 or self.device.type != "cpu":
+            return 1
+        self._passes = ThreadPoolExecutor(max_workers=passes, thread_name_prefix="pass")
+        return passes
 
     @classmethod
     def load(cls, model_dir: str | Path, settings: HandlerSettings, device: torch.device) -> InferenceCore:
@@ -176,6 +203,9 @@ class InferenceCore:
         step = self.settings.max_batch_rows
         pending: list[list[int]] = []  # micro-batches split after an out-of-memory, run before new ones
         start = 0
+        if self._passes is not None and len(order) > step:
+            pending = self._run_at_once(rows, order, results, stages, step)
+            start = len(order)
         while pending or start < len(order):
             if pending:
                 chunk = pending.pop()
@@ -210,6 +240,37 @@ class InferenceCore:
             for i, result in zip(chunk, outputs, strict=True):
                 results[i] = result
         return results
+
+    def _run_at_once(
+        self, rows: Sequence[Any], order: list[int], results: list[Any], stages: StageTimes, step: int
+    ) -> list[list[int]]:
+        """Every micro-batch of `order` (row indexes by cost), several at once on the pass threads; their results go
+        into `results`. Returns the micro-batches that ran out of memory, for predict's halving path (first one last)."""
+        chunks, start = [], 0
+        while start < len(order):
+            chunks.append(self._next_chunk(rows, order[start : start + step]))
+            start += len(chunks[-1])
+
+        def run(chunk: list[int]) -> tuple[list[Any] | None, StageTimes]:
+            times = StageTimes()
+            try:
+                return self._run([rows[i] for i in chunk], times, pad_to=step), times
+            except Exception as error:
+                if not self._ran_out_of_memory(error):
+                    raise
+                return None, times
+
+        started = time.perf_counter()
+        ran = list(self._passes.map(run, chunks))
+        stages.add_passes([times for _, times in ran], time.perf_counter() - started)
+        out_of_memory = []
+        for chunk, (outputs, _) in zip(chunks, ran, strict=True):
+            if outputs is None:
+                out_of_memory.append(chunk)
+                continue
+            for i, result in zip(chunk, outputs, strict=True):
+                results[i] = result
+        return out_of_memory[::-1]
 
     def _next_chunk(self, rows: Sequence[Any], candidates: list[int]) -> list[int]:
         """The first of `candidates` (row indexes, in ascending cost) that fit max_batch_tokens: a pass pads every row

@@ -3,11 +3,14 @@ instances, checked against the lane's limits before any item is decoded (docs/ha
 
 from __future__ import annotations
 
+import io
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 
 from handlers.errors import RequestError, too_large, unsupported_media
@@ -15,15 +18,24 @@ from handlers.worker_protocol import UnreadValue
 
 INSTANCES = "instances"
 BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")
+# A numpy array as the body (numpy.save's format, never pickled): one instance per entry of its first axis. What
+# batch jobs send a bulk lane when their rows are numbers (scripts/jobs/runners.py): no JSON to write or parse, no
+# Python object per value on either side.
+NPY_MEDIA = "application/x-npy"
+# numpy's kinds of numbers: bool, signed and unsigned integers, floats.
+NPY_KINDS = "biuf"
+NPY_VERSIONS = {(1, 0), (2, 0), (3, 0)}
 # A JSON value's type as a client would name it, for messages.
 JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 @dataclass(frozen=True)
 class Payload:
-    """What one request asked for: `items` are raw bodies (bytes/str) when `raw`, else JSON instances."""
+    """What one request asked for: `items` are raw bodies (bytes/str) when `raw`, else JSON instances (a list), or the
+    rows of an application/x-npy body (the array itself: a row per entry of its first axis, no object made per row
+    before the request's rows are counted)."""
 
-    items: list[Any]
+    items: Sequence[Any]
     raw: bool
 
 
@@ -112,6 +124,8 @@ def read_body(value: Any, media: str = "") -> Payload:
     that does not parse is a 400, never an item. Without one, a body whose first character is "{" is JSON too
     (gRPC has no content type); text/* keeps a text that only looks like JSON a text.
     """
+    if media == NPY_MEDIA:
+        return _npy_instances(value)
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value)
         if _is_json(media) or (not media.startswith("text/") and _first(value) == b"{"):
@@ -145,6 +159,47 @@ def _instances(body: Any) -> Payload:
     if not isinstance(instances, list) or not instances:
         raise RequestError("'instances' must be a non-empty JSON list of items")
     return Payload(items=instances, raw=False)
+
+
+def _npy_instances(value: Any) -> Payload:
+    """An application/x-npy body: a numeric array of at least two axes, its first axis the instances (rows of numpy
+    values that a task decodes like the lists of a JSON body, with the same messages)."""
+    if not isinstance(value, (bytes, bytearray)):
+        raise RequestError(f"an {NPY_MEDIA} body must be bytes (numpy.save's format), got {type(value).__name__}")
+    array = _read_npy(bytes(value))
+    if array.dtype.kind not in NPY_KINDS:
+        raise RequestError(f"an {NPY_MEDIA} body must hold numbers, got an array of dtype {array.dtype}")
+    if array.ndim < 2 or array.shape[0] == 0:
+        raise RequestError(
+            f"an {NPY_MEDIA} body must be an array of instances (rows along its first axis, at least one), "
+            f"got shape {array.shape}"
+        )
+    return Payload(items=array, raw=False)
+
+
+def _read_npy(data: bytes) -> np.ndarray:
+    """numpy.save's format, read without pickle and without trusting the header: the data must be exactly as long as
+    the header's shape and dtype say (numpy's own reader allocates what the header claims before reading)."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version not in NPY_VERSIONS:
+            raise ValueError(f"format version {version[0]}.{version[1]} (numpy writes 1.0, 2.0 or 3.0)")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read_header(stream)
+    except (ValueError, SyntaxError, TypeError) as error:  # numpy's words for a bad magic string or header
+        raise RequestError(f"body is not a numpy .npy array (Content-Type {NPY_MEDIA}): {str(error)[:200]}") from None
+    if dtype.hasobject:
+        raise RequestError(f"an {NPY_MEDIA} body must hold numbers, got an array of Python objects")
+    expected = math.prod(shape) * dtype.itemsize
+    offset = stream.tell()
+    if len(data) - offset != expected:
+        raise RequestError(
+            f"an {NPY_MEDIA} body's header says shape {shape} of {dtype} ({expected} bytes of data), "
+            f"but {len(data) - offset} bytes follow it"
+        )
+    array = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=offset)
+    return array.reshape(shape[::-1]).transpose() if fortran_order else array.reshape(shape)
 
 
 def _parse_json(data: bytes, media: str) -> Any:

@@ -23,6 +23,7 @@ CORE_KEYS = (
     "response_timeout_s",
     "fast_protocol",
     "mmap_threshold_mib",
+    "forward_passes",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
@@ -80,6 +81,11 @@ class HandlerSettings:
     # micro-batch, and mapping each anew costs its page faults every time (the digits core ran at half speed with
     # 4 MiB): its lane keeps them in the heap with a higher threshold, at most glibc's 32.
     mmap_threshold_mib: PerLane = None
+    # Micro-batches of one request run at once by a worker, per lane like torch_threads; null: one per CPU the
+    # worker may use. Each pass runs on torch_threads threads, so a lane with several passes sets torch_threads 1.
+    # A bulk lane on the CPU: passes of one thread each keep both cores busy without OpenMP's barriers, which stall
+    # whenever the worker's other threads (the frontend's reader, the collector) take a core. On a GPU: one.
+    forward_passes: PerLane = 1
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -105,6 +111,7 @@ class HandlerSettings:
             response_timeout_s=section.get("response_timeout_s", cls.response_timeout_s),
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
             mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
+            forward_passes=section.get("forward_passes", cls.forward_passes),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -121,6 +128,7 @@ class HandlerSettings:
         _check_per_lane("max_request_bytes", self.max_request_bytes)
         _check_per_lane("response_timeout_s", self.response_timeout_s)
         _check_per_lane("mmap_threshold_mib", self.mmap_threshold_mib)
+        _check_per_lane("forward_passes", self.forward_passes)
         mmap = self.mmap_threshold_mib
         values = mmap.values() if isinstance(mmap, Mapping) else [mmap]
         if any(mib is not None and mib > MAX_MMAP_THRESHOLD_MIB for mib in values):
@@ -155,6 +163,10 @@ class HandlerSettings:
         """glibc's mmap threshold in bytes for a worker of `lane` (handlers/host_memory.py), None for its default."""
         mib = _for_lane(self.mmap_threshold_mib, lane)
         return mib * 2**20 if mib else None
+
+    def passes_for(self, lane: str) -> int | None:
+        """Micro-batches a worker of `lane` runs at once, None for one per usable CPU."""
+        return _for_lane(self.forward_passes, lane)
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

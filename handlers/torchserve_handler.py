@@ -62,6 +62,7 @@ class UnifiedHandler:
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
+        passes = self.core.run_passes_at_once(settings.passes_for(lane) or usable_cpus())
         self.limits = RequestLimits(
             lane,
             settings.rows_for(lane),
@@ -77,7 +78,8 @@ class UnifiedHandler:
         fast_protocol = settings.fast_protocol and install_frame_reader(self.limits.max_bytes)
         logger.info(
             "model %s: task %s on %s, max_batch_rows=%d, max_request_rows=%s, max_request_bytes=%s, "
-            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d, fast protocol=%s, mmap threshold=%s",
+            "response_timeout_s=%s, precision=%s, deterministic=%s, torch threads=%d, passes at once=%d, fast protocol=%s, "
+            "mmap threshold=%s",
             context.model_name,
             settings.task,
             device,
@@ -88,6 +90,7 @@ class UnifiedHandler:
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),
+            passes,
             fast_protocol,
             f"{self.memory.threshold // MIB} MiB" if self.memory.threshold else "unchanged",
         )

@@ -69,7 +69,9 @@ class DigitClassification:
         return image_to_grid(body, self.options.max_image_pixels, self.budget)
 
     def decode_instance(self, item: Any) -> np.ndarray:
-        if isinstance(item, np.ndarray):  # a row of a columnar batch-job input (Parquet): checked as its list
+        if isinstance(item, np.ndarray):  # a row of an npy body or a columnar input (Parquet): checked as its list
+            if item.size > PIXELS:  # named without a Python object per value
+                raise RequestError(f"expected 64 values in 0..16 (or an 8x8 list), got {item.size}")
             item = item.tolist()
         if isinstance(item, dict):
             return self._decode_b64(item)
@@ -94,19 +96,22 @@ class DigitClassification:
                 raise RequestError(f"expected 64 values in 0..16, got {value!r}")
         return np.asarray(values, dtype=np.float32).reshape(GRID, GRID)
 
-    def decode_many(self, items: list[Any]) -> list[np.ndarray] | None:
+    def decode_many(self, items: Sequence[Any]) -> list[np.ndarray] | None:
         """A whole request's instances in a few numpy passes, when every one is a list of 64 ints/floats (or a numpy
-        row of 64 numbers, from a columnar batch-job input), all finite and in 0..16 (a batch job's rows): the same
+        row of 64 numbers: an npy body's, a columnar batch-job input's), all finite and in 0..16 (a batch job's rows): the same
         float32 grids decode_instance gives each. None when any item is anything else (8x8 lists, images, a bad
         value): the core then decodes item by item and names the first bad one.
         """
-        kinds = set(map(type, items))
-        if kinds == {np.ndarray}:  # rows of a columnar batch-job input: numbers already, no Python value per pixel
+        if isinstance(items, np.ndarray):  # the rows of an npy body: one array already
+            if items.shape[1:] != (PIXELS,) or items.dtype.kind not in NUMBER_KINDS:
+                return None
+            grids = items.astype(np.float64)
+        elif set(map(type, items)) == {np.ndarray}:  # rows of a columnar batch-job input: no Python value per pixel
             if {item.shape for item in items} != {(PIXELS,)} or not {item.dtype.kind for item in items} <= NUMBER_KINDS:
                 return None
             grids = np.stack(items).astype(np.float64)
         else:
-            if kinds != {list} or set(map(len, items)) != {PIXELS}:
+            if set(map(type, items)) != {list} or set(map(len, items)) != {PIXELS}:
                 return None
             if not set(map(type, itertools.chain.from_iterable(items))) <= NUMBER_TYPES:
                 return None

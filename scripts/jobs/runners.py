@@ -7,16 +7,18 @@ the server's answer to `{"instances": [...]}`, so retries and bad-row isolation 
 
 from __future__ import annotations
 
+import io
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import requests
 
 from handlers.core import InferenceCore
-from handlers.decoding import Payload
+from handlers.decoding import NPY_KINDS, NPY_MEDIA, Payload
 from scripts.clients.rest import predict, unavailable_reason
 from scripts.errors import ScriptError
 from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
@@ -47,11 +49,21 @@ class RowTooLarge(Exception):
     """One row alone is over the server's request size limit: that row fails, the job goes on."""
 
 
-def encode_chunk(instances: list[Any], limit: int) -> bytes:
-    """The request body for a chunk, refused before sending when the server would reject its size."""
-    body = orjson.dumps({"instances": instances}, option=orjson.OPT_SERIALIZE_NUMPY)
+def encode_chunk(instances: list[Any], limit: int) -> tuple[bytes, str]:
+    """The request body for a chunk and its media type, refused before sending when the server would reject its size.
+
+    Rows of a columnar input (Parquet) are numpy rows: when every one is a row of numbers of one shape, the chunk goes
+    as one .npy array (application/x-npy, handlers/decoding.py): no JSON written here nor parsed in the worker, no
+    Python object per value. Anything else goes as JSON {"instances": [...]}. The handler decodes both alike and names
+    a bad value the same way."""
+    if _numeric_rows(instances):
+        stream = io.BytesIO()
+        np.save(stream, np.stack(instances), allow_pickle=False)
+        body, media = stream.getvalue(), NPY_MEDIA
+    else:
+        body, media = orjson.dumps({"instances": instances}, option=orjson.OPT_SERIALIZE_NUMPY), CHUNK_TYPE
     if len(body) <= limit:
-        return body
+        return body, media
     if len(instances) == 1:
         raise RowTooLarge(
             f"the row encodes to {len(body)} bytes, over the server's max_request_size of {limit} bytes (config.properties)"
@@ -62,6 +74,13 @@ def encode_chunk(instances: list[Any], limit: int) -> bytes:
         f"a chunk of {len(instances)} rows encodes to {len(body)} bytes, over the server's max_request_size of "
         f"{limit} bytes (config.properties); use --chunk-size {fits} or smaller (--resume keeps the rows already done)"
     )
+
+
+def _numeric_rows(instances: list[Any]) -> bool:
+    first = instances[0] if instances else None
+    if not isinstance(first, np.ndarray) or first.dtype.kind not in NPY_KINDS:
+        return False
+    return all(type(row) is np.ndarray and row.shape == first.shape and row.dtype == first.dtype for row in instances)
 
 
 @dataclass
@@ -81,11 +100,11 @@ class ServerRunner:
 
     def send(self, instances: list[Any]) -> Reply:
         try:
-            body = encode_chunk(instances, self.size_limit)
+            body, media = encode_chunk(instances, self.size_limit)
         except RowTooLarge as error:
             return Reply(413, {"code": 413, "type": "RequestTooLarge", "message": str(error)})
         try:
-            reply = predict(self.endpoints, self.lane, body, CHUNK_TYPE, timeout=self.timeout, session=self._session())
+            reply = predict(self.endpoints, self.lane, body, media, timeout=self.timeout, session=self._session())
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientError(f"no answer from {self.endpoints.prediction_url(self.lane)}: {error}") from None
         if token_refused(reply):  # even after a fresh key (predict renews): no row could pass, stop the job

@@ -65,6 +65,23 @@ def test_parquet_in_parquet_out_through_the_server(digits_server, tmp_path):
     assert np.mean(np.array(labels) == np.array(ROWS.labels)) >= 0.97
 
 
+def test_parquet_numbers_go_to_the_lane_as_npy_arrays_with_bad_rows_isolated_and_named_as_in_json(digits_server, tmp_path):
+    # Numeric Parquet rows are sent as application/x-npy chunks; digits-bulk runs each chunk's micro-batches two at
+    # a time (forward_passes). A value out of range in row 101 is named as a JSON body's would be.
+    instances = [list(row) for row in ROWS.instances]
+    instances[100] = [99] * 64
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"instance": instances}), source)
+    served = run_job(digits_job(source, tmp_path / "server.jsonl", chunk_size=150, concurrency=2, **on_server(digits_server)))
+    local = run_job(digits_job(source, tmp_path / "local.jsonl", chunk_size=150, in_process=True, archive=ARCHIVE))
+    assert (served.predicted, served.failed) == (local.predicted, local.failed) == (199, 1)
+    from_server, from_local = read_results(tmp_path / "server.jsonl"), read_results(tmp_path / "local.jsonl")
+    assert [r["id"] for r in from_server] == [r["id"] for r in from_local] == [n + 1 for n in range(200) if n != 100]
+    np.testing.assert_allclose(scores(from_server), scores(from_local), atol=1e-6)
+    [error] = [orjson.loads(line) for line in (tmp_path / "server.errors.jsonl").read_text().splitlines()]
+    assert (error["row"], error["error"]["code"], error["error"]["message"]) == (101, 400, "expected 64 values in 0..16, got 99")
+
+
 def test_a_chunk_over_max_request_size_is_stopped_before_sending_and_resumes_with_the_named_size(digits_server, tmp_path, capsys):
     config = tmp_path / "small.properties"
     text = digits_server.server.config.read_text()

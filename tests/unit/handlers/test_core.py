@@ -1,5 +1,8 @@
 """The core with the real exported digits model: accuracy, micro-batching, regrouping, isolation, OOM."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -244,3 +247,73 @@ def test_inference_runs_under_inference_mode(digits_core):
 def test_int8_on_a_file_that_is_not_quantized_is_refused_at_start_up(digits_model_dir):
     with pytest.raises(SettingsError, match="int8 is built into the model file .* but digits.pt2 is fp32"):
         InferenceCore.load(digits_model_dir, digits_settings(precision="int8"), torch.device("cpu"))
+
+
+class ThreadRecordingModel(RecordingModel):
+    """Also remembers which thread ran each pass, and how many passes were running at once at most."""
+
+    def __init__(self, model, fits: int | None = None):
+        super().__init__(model, fits)
+        self.threads, self.running, self.most = set(), 0, 0
+        self.lock = threading.Lock()
+
+    def forward(self, batch):
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.01)  # long enough for the other pass thread to start its own
+            return super().forward(batch)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_passes_at_once_run_the_micro_batches_side_by_side_with_the_same_answers_in_order(digits_core):
+    grids, _ = held_out(50)
+    model = ThreadRecordingModel(digits_core.model)
+    core = core_with(digits_core, model, max_batch_rows=8)
+    assert core.run_passes_at_once(2) == 2
+    stages = StageTimes()
+    started = time.perf_counter()
+    payloads = [instances(grids[:20]), Payload(items=[grid_png(grids[20])], raw=True), instances(grids[21:])]
+    responses = core.answer(payloads, stages)
+    wall = time.perf_counter() - started
+    [whole] = digits_core.answer([instances(grids)])
+    expected = whole.body["predictions"]
+    assert_same_predictions(responses[0].body["predictions"], expected[:20])
+    assert responses[1].body["label"] == expected[20]["label"]
+    assert_same_predictions(responses[2].body["predictions"], expected[21:])
+    assert sorted(model.sizes) == [2] + [8] * 6 and model.most == 2
+    assert len(model.threads) == 2 and all(name.startswith("pass") for name in model.threads)
+    assert sorted(stages.forward_rows) == [2] + [8] * 6
+    # The passes' stage times are shares of the wall time they ran in, not the sum of both threads' times.
+    assert 0 < stages.decode + stages.collate + stages.forward + stages.encode <= wall
+
+
+def test_a_request_of_one_micro_batch_runs_on_the_calling_thread(digits_core):
+    model = ThreadRecordingModel(digits_core.model)
+    core = core_with(digits_core, model, max_batch_rows=8)
+    core.run_passes_at_once(2)
+    assert core.answer([instances(held_out(8)[0])])[0].status == 200
+    assert model.threads == {threading.current_thread().name}
+
+
+def test_out_of_memory_in_passes_at_once_still_halves_and_answers_every_row(digits_core):
+    grids, _ = held_out(40)
+    model = ThreadRecordingModel(digits_core.model, fits=5)
+    core = core_with(digits_core, model, max_batch_rows=16)
+    core.run_passes_at_once(2)
+    stages = StageTimes()
+    [response] = core.answer([instances(grids)], stages)
+    [reference] = digits_core.answer([instances(grids)])
+    assert response.status == 200
+    assert_same_predictions(response.body["predictions"], reference.body["predictions"])
+    assert sum(stages.forward_rows) == 40 and max(stages.forward_rows) <= 4 and stages.oom_splits == 2
+
+
+def test_passes_at_once_are_for_the_cpu_only(digits_core):
+    core = InferenceCore(digits_core.task, digits_core.model, torch.device("meta"), digits_settings())
+    assert core.run_passes_at_once(4) == 1
+    assert core_with(digits_core, digits_core.model).run_passes_at_once(1) == 1

@@ -1,6 +1,9 @@
 """Reading one request as TorchServe hands it over: the value (bytes, str or what Python's json parsed), its
 content type, and the lane's limits; every refusal is a RequestError with a 4xx naming the problem."""
 
+import io
+
+import numpy as np
 import pytest
 
 from handlers.decoding import Payload, RequestLimits, read_body, read_request
@@ -154,3 +157,56 @@ def test_text_sent_as_bytes_is_one_text_unless_it_is_json_instances():
     text = {"body": {"content-type": "text/plain; charset=utf-8"}}
     assert read_request({"body": b"{not json"}, text) == Payload([b"{not json"], raw=True)
     assert read_request({"body": b'{"instances": ["a"]}'}, text) == Payload(["a"], raw=False)
+
+
+def _npy(array) -> bytes:
+    stream = io.BytesIO()
+    np.save(stream, array, allow_pickle=False)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("array", [np.arange(6 * 64).reshape(6, 64) % 17, np.zeros((2, 8, 8), np.float32), np.ones((1, 3), bool)])
+def test_an_npy_body_is_one_instance_per_entry_of_its_first_axis(array):
+    payload = read_request({"body": _npy(array)}, {"body": {"content-type": "application/x-npy"}})
+    assert payload.raw is False
+    assert len(payload.items) == len(array)
+    assert all(np.array_equal(item, row) and item.dtype == array.dtype for item, row in zip(payload.items, array, strict=True))
+
+
+def test_a_fortran_ordered_npy_body_keeps_its_rows():
+    array = np.asfortranarray(np.arange(3 * 64).reshape(3, 64))
+    payload = read_body(_npy(array), "application/x-npy")
+    assert np.array_equal(np.stack(payload.items), array)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "body is not a numpy .npy array"),
+        (b'{"instances": [[1]]}', "body is not a numpy .npy array"),
+        (_npy(np.zeros((2, 64)))[:-8], r"header says shape \(2, 64\) of float64 \(1024 bytes of data\), but 1016 bytes follow"),
+        (_npy(np.zeros((2, 64)))[:128] + b"\0" * 8, r"but 8 bytes follow"),  # a header claiming more than was sent
+        (_npy(np.zeros(64)), r"must be an array of instances .* got shape \(64,\)"),
+        (_npy(np.zeros((0, 64))), r"got shape \(0, 64\)"),
+        (_npy(np.array([["a", "b"]])), "must hold numbers, got an array of dtype <U1"),
+        (_npy(np.zeros((1, 2), complex)), "must hold numbers, got an array of dtype complex128"),
+        (_npy(np.zeros(2, dtype="i4,f4").reshape(1, 2)), "must hold numbers"),
+    ],
+)
+def test_a_bad_npy_body_is_a_400_naming_the_problem(body, message):
+    with pytest.raises(RequestError, match=message) as error:
+        read_body(body, "application/x-npy")
+    assert error.value.code == 400
+
+
+def test_an_npy_body_of_python_objects_is_refused_without_unpickling():
+    stream = io.BytesIO()
+    np.save(stream, np.array([[object()]], dtype=object), allow_pickle=True)
+    with pytest.raises(RequestError, match="got an array of Python objects"):
+        read_body(stream.getvalue(), "application/x-npy")
+
+
+def test_an_npy_body_over_the_row_limit_is_a_413_naming_the_lane_to_use():
+    limits = RequestLimits("digits", max_rows=2, lanes_rows={"digits-bulk": 100})
+    with pytest.raises(RequestError, match="has 3 rows; lane digits takes at most 2 rows .* send it to lane digits-bulk"):
+        read_request({"body": _npy(np.zeros((3, 64)))}, {"body": {"content-type": "application/x-npy"}}, limits)

@@ -72,6 +72,21 @@ def test_numpy_rows_of_a_columnar_input_decode_like_their_lists():
             TASK.decode_instance(row)
 
 
+def test_the_rows_of_an_npy_body_decode_at_once_like_their_lists():
+    """An application/x-npy body's rows come as one array (handlers/decoding.py): the grids the lists give, or None
+    (item by item) for another shape, a non-number dtype or a value out of range."""
+    items = [grid.flatten().tolist() for grid in held_out(4)[0]]
+    for dtype in (np.int64, np.float32, np.uint8):
+        many = TASK.decode_many(np.array(items, dtype=dtype))
+        assert many is not None and len(many) == 4
+        np.testing.assert_array_equal(np.stack(many), np.stack(TASK.decode_many(items)))
+    for odd in (np.zeros((2, 8, 8)), np.zeros((2, 63)), np.ones((2, 64), bool), np.full((2, 64), 16.5)):
+        assert TASK.decode_many(odd) is None
+    with pytest.raises(RequestError, match=r"expected 64 values in 0..16 \(or an 8x8 list\), got 100000$"):
+        TASK.decode_instance(np.zeros(100_000))  # named from its size, without a Python number per value
+    np.testing.assert_array_equal(TASK.decode_instance(np.zeros((8, 8), np.int64)), np.zeros((8, 8), np.float32))
+
+
 @pytest.mark.parametrize(
     "odd",
     [

@@ -1,8 +1,10 @@
 import pytest
+import yaml
 
 from handlers.errors import SettingsError
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
+from scripts.layout import ROOT
 
 
 def test_reads_handler_section_and_keeps_task_options():
@@ -67,7 +69,8 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
             "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, "
-            "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, max_image_pixels, max_request_pixels$",
+            "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, forward_passes, max_image_pixels, "
+            "max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
@@ -106,6 +109,25 @@ def test_torch_threads_are_set_for_all_lanes_or_per_lane():
     per_lane = settings({"default": 1, "digits-bulk": None})
     assert [per_lane.threads_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1, 1, None]
     assert settings({"digits": 1}).threads_for("digits-bulk") is None
+
+
+def test_forward_passes_are_one_unless_set_and_null_means_one_per_cpu():
+    def settings(**handler):
+        return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", **handler}})
+
+    assert settings().passes_for("digits-bulk") == 1
+    per_lane = settings(forward_passes={"default": 1, "digits-bulk": None, "other": 3})
+    assert [per_lane.passes_for(lane) for lane in ("digits", "digits-bulk", "other")] == [1, None, 3]
+    for bad in (0, True, {"digits-bulk": 0}):
+        with pytest.raises(SettingsError, match="handler.forward_passes must be a positive integer"):
+            settings(forward_passes=bad)
+
+
+def test_the_digits_archive_runs_passes_side_by_side_on_its_bulk_lane_only():
+    config = yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text())
+    per_lane = HandlerSettings.from_yaml(config)
+    assert [per_lane.passes_for(lane) for lane in ("digits", "digits-seq", "digits-bulk")] == [1, 1, None]
+    assert [per_lane.threads_for(lane) for lane in ("digits", "digits-bulk")] == [1, 1]
 
 
 def test_mmap_threshold_is_set_per_lane_and_unset_means_the_handlers_default():

@@ -1,10 +1,14 @@
 """One chunk -> one result per row: retries with backoff, bad-row isolation, and the request-size guard."""
 
+import io
+
+import numpy as np
+import orjson
 import pytest
 
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import Row
-from scripts.jobs.runners import JobError, Reply, TransientError, encode_chunk
+from scripts.jobs.runners import JobError, Reply, RowTooLarge, TransientError, encode_chunk
 
 NO_WAIT = RetryPolicy(attempts=3, first_delay=0.0)
 
@@ -153,9 +157,27 @@ def test_backoff_grows_and_is_capped():
 
 def test_a_chunk_over_the_request_size_is_refused_with_a_chunk_size_that_fits():
     instances = [[16] * 64 for _ in range(100)]
-    limit = len(encode_chunk(instances, 10**9)) // 3
+    limit = len(encode_chunk(instances, 10**9)[0]) // 3
     with pytest.raises(JobError, match=r"a chunk of 100 rows encodes to \d+ bytes, over the server's max_request_size") as error:
         encode_chunk(instances, limit)
     suggested = int(str(error.value).split("--chunk-size ")[1].split()[0])
     assert 1 <= suggested < 34
-    assert len(encode_chunk(instances[:suggested], limit)) <= limit
+    assert len(encode_chunk(instances[:suggested], limit)[0]) <= limit
+
+
+def test_numeric_numpy_rows_go_as_one_npy_array_and_anything_else_as_json():
+    rows = np.arange(3 * 64, dtype=np.int64).reshape(3, 64) % 17
+    body, media = encode_chunk(list(rows), 10**9)
+    assert media == "application/x-npy"
+    assert np.array_equal(np.load(io.BytesIO(body), allow_pickle=False), rows)
+    # Lists, mixed shapes or dtypes, text: JSON, as before.
+    for instances in ([[1] * 64], [rows[0], rows[1][:8]], [rows[0], rows[1].astype(np.float32)]):
+        body, media = encode_chunk(instances, 10**9)
+        assert media == "application/vnd.instances+json"
+        assert len(orjson.loads(body)["instances"]) == len(instances)
+    # The size limit holds for the array too, and names a chunk size that fits.
+    limit = len(encode_chunk(list(rows), 10**9)[0]) - 1
+    with pytest.raises(JobError, match=r"a chunk of 3 rows encodes to \d+ bytes"):
+        encode_chunk(list(rows), limit)
+    with pytest.raises(RowTooLarge):
+        encode_chunk([rows[0]], 100)
