@@ -8,7 +8,7 @@ import pytest
 
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import Row
-from scripts.jobs.runners import JobError, Reply, RowTooLarge, TransientError, encode_chunk
+from scripts.jobs.runners import JobError, Reply, RowTooLarge, TransientError, encode_chunk, narrowest
 
 NO_WAIT = RetryPolicy(attempts=3, first_delay=0.0)
 
@@ -169,7 +169,8 @@ def test_numeric_numpy_rows_go_as_one_npy_array_and_anything_else_as_json():
     rows = np.arange(3 * 64, dtype=np.int64).reshape(3, 64) % 17
     body, media = encode_chunk(list(rows), 10**9)
     assert media == "application/x-npy"
-    assert np.array_equal(np.load(io.BytesIO(body), allow_pickle=False), rows)
+    sent = np.load(io.BytesIO(body), allow_pickle=False)
+    assert np.array_equal(sent, rows) and sent.dtype == np.uint8  # 0..16: the narrowest type that holds them
     # Lists, mixed shapes or dtypes, text: JSON, as before.
     for instances in ([[1] * 64], [rows[0], rows[1][:8]], [rows[0], rows[1].astype(np.float32)]):
         body, media = encode_chunk(instances, 10**9)
@@ -181,3 +182,23 @@ def test_numeric_numpy_rows_go_as_one_npy_array_and_anything_else_as_json():
         encode_chunk(list(rows), limit)
     with pytest.raises(RowTooLarge):
         encode_chunk([rows[0]], 100)
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype"),
+    [
+        ([[0, 16], [3, 255]], np.uint8),
+        ([[-1, 16]], np.int8),
+        ([[0, 300]], np.uint16),
+        ([[-40000, 1]], np.int32),
+        ([[0, 2**40]], np.int64),
+        ([[0.5, 16.0]], np.float32),
+        ([[0.1, 16.0]], np.float64),  # 0.1 is not a float32: kept
+        ([[np.nan, 1.0]], np.float64),
+    ],
+)
+def test_numbers_are_sent_in_the_narrowest_type_that_holds_them_exactly(values, dtype):
+    array = np.array(values, dtype=np.float64 if isinstance(values[0][0], float) else np.int64)
+    narrow = narrowest(array)
+    assert narrow.dtype == dtype
+    np.testing.assert_array_equal(narrow.astype(array.dtype), array)
