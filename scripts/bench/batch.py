@@ -292,7 +292,8 @@ def write_report(result: BenchResult) -> None:
                 f"Bulk lane / the faster in-process run: {ratio:.2f}x "
                 f"(target >= {TARGET:g}x: {'met' if ratio >= TARGET else '**missed**'}). "
                 "The bulk lane runs one worker, a request's micro-batches side by side on one torch thread each "
-                "(handler.forward_passes), and the job sends it numeric rows as .npy arrays; the in-process job runs the same core in this process. "
+                "(handler.forward_passes), and the job sends it numeric rows as .npy arrays; the in-process job runs the "
+                "same core in this process. "
                 "Where the time goes and what was cut: [batch-jobs.md](batch-jobs.md#throughput-where-the-time-goes).",
             ]
         ),
