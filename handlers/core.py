@@ -290,7 +290,7 @@ class InferenceCore:
         started = time.perf_counter()
         batch = self._to_device(self.task.collate(rows, pad_to if self.settings.deterministic else None))
         collated = time.perf_counter()
-        with torch.inference_mode(), self._autocast():
+        with torch.inference_mode(), self._autocast(), self._pass_threads():
             outputs = self.task.forward(self.model, batch)
         outputs = outputs[: len(rows)].float().cpu()  # waits for the device: the forward time is real
         computed = time.perf_counter()
@@ -314,6 +314,15 @@ class InferenceCore:
         if isinstance(batch, dict):
             return {key: move(value) for key, value in batch.items()}
         return move(batch)
+
+    def _pass_threads(self):
+        """Deterministic mode on the CPU: the pass on one intra-op thread, whatever the caller's thread count. MKL's
+        sgemm splits a product differently by thread count on some CPUs (AVX-512 Xeons: the digits CNN's 1024->128
+        layer at 32 rows and more differed by up to 7e-7 between 1 and 2 threads), so a thread count is part of a
+        pass's shape. Only this thread's count changes (OpenMP's and MKL's are per thread), and only for the pass."""
+        if not self.settings.deterministic or self.device.type != "cpu" or torch.get_num_threads() == 1:
+            return contextlib.nullcontext()
+        return torch_threads(1)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -355,6 +364,17 @@ class InferenceCore:
     def _release_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads at `count` for the block, as before after it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _device_ooms(device: torch.device) -> int:

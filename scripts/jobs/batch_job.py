@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from handlers.collector import PacedCollector
+from handlers.core import torch_threads
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
@@ -42,6 +43,8 @@ EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
 # In-process chunks read and decoded ahead, on the CPU as on CUDA since the collector is paced by chunk
 # (handlers/collector.py): 300,000 digits rows, same box, 33,221-36,685 rows/s against 23,034-23,516 with 0.
 PREFETCH = 2
+# Chunks submitted per forward worker before the writer waits for the oldest (set below after measuring).
+CHUNKS_PER_FORWARD_WORKER = 1
 ENGINES = ("local", "ray")
 
 
@@ -136,14 +139,8 @@ def forward_workers(config: JobConfig) -> int:
     return max(1, torch.get_num_threads())
 
 
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+def one_torch_thread() -> contextlib.AbstractContextManager[None]:
+    return torch_threads(1)
 
 
 def _run_job(config: JobConfig, workers: int) -> JobSummary:
@@ -238,7 +235,7 @@ def _pump_prefetched(
     try:
         for chunk in prefetched(chunks, lambda rows: decode_chunk(core, rows), depth):
             in_flight.append(pool.submit(predict_chunk, core, chunk))
-            while len(in_flight) > workers:
+            while len(in_flight) > CHUNKS_PER_FORWARD_WORKER * workers:
                 _commit(in_flight.popleft(), sink, bar, collector)
         while in_flight:
             _commit(in_flight.popleft(), sink, bar, collector)

@@ -44,6 +44,7 @@ def test_bitwise_equal_across_batch_compositions_and_thread_counts(digits_model_
         torch.set_num_threads(threads)
         for chunk, seed in ((1, 1), (3, 2), (max_batch_rows - 1, 3), (max_batch_rows + 5, 4)):
             assert np.array_equal(scores_in_chunks(core, chunk, seed), reference), (threads, chunk)
+            assert torch.get_num_threads() == threads  # the pass ran on one thread; the caller's count is back
 
 
 def test_requests_merged_in_one_handler_call_equal_the_same_rows_alone(digits_model_dir):
