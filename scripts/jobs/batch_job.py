@@ -31,7 +31,7 @@ from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
 from scripts.jobs.chunks import RetryPolicy, run_chunk
-from scripts.jobs.inputs import FORMATS, Row, open_input
+from scripts.jobs.inputs import FORMATS, Chunk, Row, open_input
 from scripts.jobs.outputs import OutputPaths, Progress, ResultSink, default_errors_path
 from scripts.jobs.prefetch import decode_chunk, predict_chunk, prefetched
 from scripts.jobs.runners import InProcessRunner, JobError, ServerRunner
@@ -43,7 +43,10 @@ EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
 # In-process chunks read and decoded ahead, on the CPU as on CUDA since the collector is paced by chunk
 # (handlers/collector.py): 300,000 digits rows, same box, 33,221-36,685 rows/s against 23,034-23,516 with 0.
 PREFETCH = 2
-# Chunks submitted per forward worker before the writer waits for the oldest (set below after measuring).
+# Chunks in flight per forward worker before the writer waits for the oldest: 1, none queued. With 2 (one queued
+# each) the workers no longer wait while the writer commits (py-spy: 7-9% -> under 1% of their time), yet the job ran
+# slower in 4 of 4 alternated rounds (200,000 rows, 2026-12-02): on 2 cores the writer and reader then preempt a
+# busy pass instead of taking the core a waiting one leaves.
 CHUNKS_PER_FORWARD_WORKER = 1
 ENGINES = ("local", "ray")
 
@@ -173,10 +176,11 @@ def _run_job(config: JobConfig, workers: int) -> JobSummary:
             if config.engine == "ray":
                 runner.pump(source, resumed_at, total, sink, bar)
             elif config.in_process and config.prefetch > 0:
-                chunks = _chunks(source.rows(resumed_at), config.chunk_size)
+                chunks = source.chunks(config.chunk_size, resumed_at)
                 _pump_prefetched(runner, chunks, sink, bar, config.prefetch, collector, workers)
             else:
-                _pump(runner, _chunks(source.rows(resumed_at), config.chunk_size), sink, bar, config, collector)
+                rows = (chunk.rows_with_instances() for chunk in source.chunks(config.chunk_size, resumed_at))
+                _pump(runner, rows, sink, bar, config, collector)
     finally:
         sink.close()
     sink.finish()
@@ -219,7 +223,7 @@ def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, conf
 
 def _pump_prefetched(
     runner: InProcessRunner,
-    chunks: Iterator[list[Row]],
+    chunks: Iterator[Chunk],
     sink: ResultSink,
     bar: tqdm,
     depth: int,
@@ -233,7 +237,7 @@ def _pump_prefetched(
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forward")
     in_flight: deque[Future] = deque()
     try:
-        for chunk in prefetched(chunks, lambda rows: decode_chunk(core, rows), depth):
+        for chunk in prefetched(chunks, lambda chunk: decode_chunk(core, chunk), depth):
             in_flight.append(pool.submit(predict_chunk, core, chunk))
             while len(in_flight) > CHUNKS_PER_FORWARD_WORKER * workers:
                 _commit(in_flight.popleft(), sink, bar, collector)
@@ -249,17 +253,6 @@ def _commit(future: Future, sink: ResultSink, bar: tqdm, collector: PacedCollect
     bar.update(len(results))
     del results
     collector.tick()
-
-
-def _chunks(rows: Iterator[Row], size: int) -> Iterator[list[Row]]:
-    chunk: list[Row] = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def parse_args(argv: list[str] | None) -> JobConfig:

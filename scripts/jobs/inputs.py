@@ -41,13 +41,47 @@ class Row:
 
     `problem` says why a row could not even be read (a broken JSON line): it goes to the errors file
     like a row the model rejected, and the job goes on. Not frozen: one is built per row, and a frozen
-    dataclass's __init__ (object.__setattr__ per field) costs 4x a plain one; nothing changes a Row.
+    dataclass's __init__ (object.__setattr__ per field) costs 4x a plain one. Nothing changes a Row but
+    Chunk.rows_with_instances, which fills in an instance left None by a columnar reader.
     """
 
     index: int
     id: Any
     instance: Any
     problem: str | None = None
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Consecutive rows of the input, cut for one request or forward pass. `instances` holds their instances as one
+    (rows, values) array when the reader had them so (numeric Parquet): a decoder takes the chunk in one pass, and no
+    numpy row object is made per row (docs/batch-jobs.md, "Columnar chunks"); the rows' own `instance` is then None
+    until `rows_with_instances()` gives each its row of the array, for code that takes rows one by one."""
+
+    rows: list[Row]
+    instances: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def rows_with_instances(self) -> list[Row]:
+        if self.instances is not None and self.rows and self.rows[0].instance is None:
+            for row, instance in zip(self.rows, self.instances, strict=True):
+                row.instance = instance
+        return self.rows
+
+    def part(self, start: int, stop: int) -> Chunk:
+        return Chunk(self.rows[start:stop], None if self.instances is None else self.instances[start:stop])
+
+    @staticmethod
+    def joined(chunks: list[Chunk]) -> Chunk:
+        """One chunk of these in order; its instances stay one array when every part has one of the same kind."""
+        if len(chunks) == 1:
+            return chunks[0]
+        arrays = [chunk.instances for chunk in chunks]
+        if all(a is not None for a in arrays) and len({(a.shape[1:], a.dtype) for a in arrays}) == 1:
+            return Chunk([row for chunk in chunks for row in chunk.rows], np.concatenate(arrays))
+        return Chunk([row for chunk in chunks for row in chunk.rows_with_instances()])
 
 
 @dataclass(frozen=True)
@@ -63,6 +97,49 @@ class RowSource:
     def rows(self, skip: int = 0) -> Iterator[Row]:
         """Rows from position `skip` on: a resumed job starts after the rows it already wrote."""
         return itertools.islice(_READERS[self.format](self.path), skip, None)
+
+    def chunks(self, size: int, skip: int = 0) -> Iterator[Chunk]:
+        """The rows from position `skip` on in chunks of `size` (the last may be shorter): the same rows, cut at the
+        same places, whatever the format; Parquet's numeric rows come with their instances as one array."""
+        if self.format == "parquet":
+            return _regrouped(_skipped(_parquet_pieces(self.path), skip), size)
+        return _cut(self.rows(skip), size)
+
+
+def _cut(rows: Iterator[Row], size: int) -> Iterator[Chunk]:
+    chunk: list[Row] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield Chunk(chunk)
+            chunk = []
+    if chunk:
+        yield Chunk(chunk)
+
+
+def _skipped(pieces: Iterator[Chunk], skip: int) -> Iterator[Chunk]:
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        yield piece.part(skip, len(piece)) if skip else piece
+        skip = 0
+
+
+def _regrouped(pieces: Iterator[Chunk], size: int) -> Iterator[Chunk]:
+    """Pieces of any length (a reader's record batches) as chunks of exactly `size` rows, the last shorter."""
+    pending: list[Chunk] = []
+    held = 0
+    for piece in pieces:
+        pending.append(piece)
+        held += len(piece)
+        while held >= size:
+            joined = Chunk.joined(pending)
+            yield joined.part(0, size)
+            held -= size
+            pending = [joined.part(size, len(joined))] if held else []
+    if held:
+        yield Chunk.joined(pending)
 
 
 def open_input(path: Path, format: str | None = None) -> RowSource:
@@ -182,6 +259,13 @@ def _csv_count(path: Path) -> int:
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:
+    for piece in _parquet_pieces(path):
+        yield from piece.rows_with_instances()
+
+
+def _parquet_pieces(path: Path) -> Iterator[Chunk]:
+    """The file's rows a record batch at a time; a batch of numeric rows as its matrix (its rows' instances left to
+    Chunk.rows_with_instances)."""
     table = pq.ParquetFile(path)
     names = table.schema_arrow.names
     value_columns = [name for name in names if name != "id"]
@@ -194,19 +278,20 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
             # Each row's instance is its row of the batch's matrix, no Python number per value: 4-7 us a digits row
             # less to read and decode than lists (docs/batch-jobs.md, "Columnar input").
             ids = batch.column("id").to_pylist() if "id" in names else range(index + 1, index + 1 + batch.num_rows)
-            for row_id, instance in zip(ids, matrix, strict=True):
-                yield Row(index, row_id, instance)
-                index += 1
+            yield Chunk([Row(index + offset, row_id, None) for offset, row_id in enumerate(ids)], matrix)
+            index += batch.num_rows
             continue
         data = batch.to_pydict()
         ids = data.get("id")
+        rows = []
         for offset in range(batch.num_rows):
             if "instance" in data:
                 instance = data["instance"][offset]
             else:
                 instance = [data[name][offset] for name in value_columns]
-            yield Row(index, ids[offset] if ids is not None else index + 1, instance)
+            rows.append(Row(index, ids[offset] if ids is not None else index + 1, instance))
             index += 1
+        yield Chunk(rows)
 
 
 def _numeric_matrix(batch: pa.RecordBatch, value_columns: list[str]) -> np.ndarray | None:

@@ -27,7 +27,7 @@ from handlers.core import InferenceCore
 from handlers.decoding import Payload
 from handlers.errors import RequestError
 from scripts.jobs.chunks import ROW_ERROR
-from scripts.jobs.inputs import Row
+from scripts.jobs.inputs import Chunk, Row
 from scripts.jobs.outputs import RowResult
 
 Prepared = TypeVar("Prepared")
@@ -44,7 +44,13 @@ class DecodedChunk:
     decoded: list[Any]
 
 
-def decode_chunk(core: InferenceCore, rows: list[Row]) -> DecodedChunk:
+def decode_chunk(core: InferenceCore, chunk: Chunk) -> DecodedChunk:
+    if chunk.instances is not None:  # numeric rows read as one array (no row can be unreadable): one decoder pass
+        try:
+            return DecodedChunk(chunk.rows, {}, chunk.rows, core.decode(Payload(items=chunk.instances, raw=False)))
+        except RequestError:
+            pass  # a bad value: row by row below, which names it and decodes the rest without it
+    rows = chunk.rows_with_instances()
     failed = {row.index: RowResult(row, error=_unreadable(row)) for row in rows if row.problem is not None}
     part = [row for row in rows if row.problem is None]
     while part:

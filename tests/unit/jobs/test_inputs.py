@@ -156,3 +156,48 @@ def test_unknown_inputs_are_refused_with_the_allowed_formats(tmp_path):
     (tmp_path / "data.xlsx").write_text("")
     with pytest.raises(InputError, match="use .jsonl, .csv, .parquet"):
         open_input(tmp_path / "data.xlsx")
+
+
+@pytest.mark.parametrize(("size", "skip"), [(3000, 0), (3000, 4500), (4096, 1), (10_000, 0), (7, 9_995)])
+def test_chunks_cut_the_rows_at_the_same_places_and_parquet_numbers_come_as_one_array(tmp_path, size, skip):
+    """chunks(size, skip) holds what rows(skip) holds, cut every `size` rows, across Parquet's record batches (4,096
+    rows) and row groups; numeric Parquet chunks carry their instances as one array equal to the rows' own."""
+    grids = np.random.default_rng(0).integers(0, 17, (10_000, 64))
+    numeric, text = tmp_path / "numeric.parquet", tmp_path / "text.jsonl"
+    pq.write_table(pa.table({"id": [f"r{n}" for n in range(10_000)], "instance": grids.tolist()}), numeric, row_group_size=2_500)
+    write_lines(text, [orjson.dumps({"id": f"r{n}", "instance": grid}) for n, grid in enumerate(grids[:50].tolist())])
+    source = open_input(numeric)
+    chunks = list(source.chunks(size, skip))
+    rows = list(source.rows(skip))
+    assert [len(chunk) for chunk in chunks] == [len(rows[i : i + size]) for i in range(0, len(rows), size)]
+    assert [row.id for chunk in chunks for row in chunk.rows] == [row.id for row in rows]
+    assert [row.index for chunk in chunks for row in chunk.rows] == list(range(skip, 10_000))
+    starts = range(0, len(rows), size)
+    for start, chunk in zip(starts, chunks, strict=True):
+        assert chunk.instances is not None and chunk.instances.dtype == np.int64
+        assert np.array_equal(chunk.instances, np.stack([row.instance for row in rows[start : start + size]]))
+        assert [row.instance.tolist() for row in chunk.rows_with_instances()] == chunk.instances.tolist()
+    assert np.array_equal(np.concatenate([chunk.instances for chunk in chunks]), grids[skip:])
+    from_text = list(open_input(text).chunks(20, 5))
+    assert [len(chunk) for chunk in from_text] == [20, 20, 5]
+    assert all(chunk.instances is None for chunk in from_text)
+    assert [row.id for chunk in from_text for row in chunk.rows] == [f"r{n}" for n in range(5, 50)]
+
+
+def test_a_chunk_joined_from_parts_of_other_kinds_has_no_array(tmp_path):
+    """A chunk that spans a numeric record batch and one read as Python values (a null row) holds its rows' own
+    instances only."""
+    first = [[n] * 4 for n in range(4096)]
+    path = tmp_path / "mixed.parquet"
+    pq.write_table(pa.table({"instance": first + [None, [1, 2, 3, 4]]}), path, row_group_size=4096)
+    chunks = list(open_input(path).chunks(4000))
+    assert [len(chunk) for chunk in chunks] == [4000, 98]
+    assert chunks[0].instances is not None and chunks[1].instances is None
+    assert [
+        row.instance if row.instance is None or isinstance(row.instance, list) else row.instance.tolist()
+        for row in chunks[1].rows
+    ][-3:] == [
+        [4095] * 4,
+        None,
+        [1, 2, 3, 4],
+    ]

@@ -6,11 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from models.digits.samples import digit_rows
 from scripts.jobs.chunks import RetryPolicy, run_chunk
-from scripts.jobs.inputs import Row
+from scripts.jobs.inputs import Chunk, Row
 from scripts.jobs.prefetch import decode_chunk, predict_chunk, prefetched
 from scripts.jobs.runners import InProcessRunner
 
@@ -69,7 +70,7 @@ def test_decoded_chunk_gives_what_the_whole_chunk_through_the_core_gives(digits_
     instances = good[:10] + [[1, 2, 3]] + good[10:25] + [[17] * 64, None] + good[25:]
     rows = [Row(index, f"r{index}", instance) for index, instance in enumerate(instances)]
     rows.append(Row(len(rows), "broken", None, problem="line 44: not JSON"))
-    piped = predict_chunk(digits_core, decode_chunk(digits_core, rows))
+    piped = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows)))
     sent = run_chunk(InProcessRunner(digits_core, tmp_path / "digits.mar").send, rows, RetryPolicy(attempts=1))
     assert [(r.row.id, r.prediction, r.error) for r in piped] == [(r.row.id, r.prediction, r.error) for r in sent]
     failed = {r.row.id: r.error for r in piped if r.error is not None}
@@ -78,3 +79,20 @@ def test_decoded_chunk_gives_what_the_whole_chunk_through_the_core_gives(digits_
     assert failed["r10"] == {"code": 400, "type": "InvalidInput", "message": message}
     assert failed["broken"]["type"] == "UnreadableRow"
     assert sum(r.prediction is not None for r in piped) == 40
+
+
+def test_a_numeric_chunk_decodes_in_one_pass_and_a_bad_value_fails_its_row_alone(digits_core, tmp_path):
+    """A chunk whose instances came as one array (numeric Parquet) gives what its rows give one by one; with a value
+    out of range, that row fails with the message JSON would give and the others are predicted."""
+    grids = np.array(digit_rows(30).instances, dtype=np.int64)
+    rows = [Row(index, f"r{index}", grid) for index, grid in enumerate(grids)]
+    as_array = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows, grids)))
+    one_by_one = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows)))
+    assert [(r.row.id, r.prediction, r.error) for r in as_array] == [(r.row.id, r.prediction, r.error) for r in one_by_one]
+    assert all(r.error is None for r in as_array)
+    grids[12, 5] = 17
+    rows = [Row(index, f"r{index}", grid) for index, grid in enumerate(grids)]
+    results = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows, grids)))
+    failed = {r.row.id: r.error for r in results if r.error is not None}
+    assert failed == {"r12": {"code": 400, "type": "InvalidInput", "message": "expected 64 values in 0..16, got 17"}}
+    assert [r.prediction for r in results if r.row.id != "r12"] == [r.prediction for r in one_by_one if r.row.id != "r12"]
