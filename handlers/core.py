@@ -319,7 +319,8 @@ class InferenceCore:
         """Deterministic mode on the CPU: the pass on one intra-op thread, whatever the caller's thread count. MKL's
         sgemm splits a product differently by thread count on some CPUs (AVX-512 Xeons: the digits CNN's 1024->128
         layer at 32 rows and more differed by up to 7e-7 between 1 and 2 threads), so a thread count is part of a
-        pass's shape. Only this thread's count changes (OpenMP's and MKL's are per thread), and only for the pass."""
+        pass's shape. The caller's count is set back after the pass (torch also takes it as the default of threads
+        that have not run an op yet). An ONNX session keeps the threads it was made with (handlers/model_files.py)."""
         if not self.settings.deterministic or self.device.type != "cpu" or torch.get_num_threads() == 1:
             return contextlib.nullcontext()
         return torch_threads(1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import csv
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,19 +128,33 @@ def _skipped(pieces: Iterator[Chunk], skip: int) -> Iterator[Chunk]:
 
 
 def _regrouped(pieces: Iterator[Chunk], size: int) -> Iterator[Chunk]:
-    """Pieces of any length (a reader's record batches) as chunks of exactly `size` rows, the last shorter."""
-    pending: list[Chunk] = []
-    held = 0
+    """Pieces of any length (a reader's record batches) as chunks of exactly `size` rows, the last shorter. Each
+    chunk is made of parts of the pieces it spans, so only a chunk that spans a piece without an array has none."""
+    pending: deque[Chunk] = deque()
+    held = offset = 0  # rows waiting in `pending`; rows of pending[0] already given out
+
+    def take(count: int) -> Chunk:
+        nonlocal offset
+        parts = []
+        while count:
+            piece = pending[0]
+            step = min(count, len(piece) - offset)
+            if step:
+                parts.append(piece.part(offset, offset + step))
+            offset, count = offset + step, count - step
+            if offset == len(piece):
+                pending.popleft()
+                offset = 0
+        return Chunk.joined(parts)
+
     for piece in pieces:
         pending.append(piece)
         held += len(piece)
         while held >= size:
-            joined = Chunk.joined(pending)
-            yield joined.part(0, size)
+            yield take(size)
             held -= size
-            pending = [joined.part(size, len(joined))] if held else []
     if held:
-        yield Chunk.joined(pending)
+        yield take(held)
 
 
 def open_input(path: Path, format: str | None = None) -> RowSource:

@@ -44,7 +44,25 @@ def test_bitwise_equal_across_batch_compositions_and_thread_counts(digits_model_
         torch.set_num_threads(threads)
         for chunk, seed in ((1, 1), (3, 2), (max_batch_rows - 1, 3), (max_batch_rows + 5, 4)):
             assert np.array_equal(scores_in_chunks(core, chunk, seed), reference), (threads, chunk)
-            assert torch.get_num_threads() == threads  # the pass ran on one thread; the caller's count is back
+            assert torch.get_num_threads() == threads  # the caller's count is back after the passes
+
+
+@pytest.mark.parametrize(("deterministic", "during_pass"), [(True, 1), (False, 2)])
+def test_a_deterministic_pass_runs_on_one_thread_whatever_the_callers_count(digits_model_dir, deterministic, during_pass):
+    core = InferenceCore.load(
+        digits_model_dir, digits_settings(deterministic=deterministic, max_batch_rows=8), torch.device("cpu")
+    )
+    seen, forward = [], core.task.forward
+
+    def watched(model, batch):
+        seen.append(torch.get_num_threads())
+        return forward(model, batch)
+
+    core.task.forward = watched
+    torch.set_num_threads(2)
+    assert core.answer([Payload(items=ROWS[:20], raw=False)])[0].status == 200
+    assert seen == [during_pass] * 3  # 20 rows in passes of 8
+    assert torch.get_num_threads() == 2
 
 
 def test_requests_merged_in_one_handler_call_equal_the_same_rows_alone(digits_model_dir):

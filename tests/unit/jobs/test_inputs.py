@@ -184,6 +184,20 @@ def test_chunks_cut_the_rows_at_the_same_places_and_parquet_numbers_come_as_one_
     assert [row.id for chunk in from_text for row in chunk.rows] == [f"r{n}" for n in range(5, 50)]
 
 
+def test_only_the_chunk_that_spans_a_batch_read_as_python_values_loses_its_array(tmp_path):
+    """16,384 rows in record batches of 4,096, a null row at row 5,000: the chunks of 1,000 that hold rows of the
+    second batch have no array (their rows hold their own instances), every other chunk keeps one."""
+    values = [[n % 17] * 4 for n in range(16_384)]
+    values[5_000] = None
+    path = tmp_path / "null.parquet"
+    pq.write_table(pa.table({"instance": values}), path, row_group_size=4096)
+    chunks = list(open_input(path).chunks(1000))
+    second_batch = {4, 5, 6, 7, 8}  # chunks holding rows 4,000-8,999 (the batch of rows 4,096-8,191)
+    assert [chunk.instances is not None for chunk in chunks] == [n not in second_batch for n in range(17)]
+    read = [row.instance for chunk in chunks for row in chunk.rows_with_instances()]
+    assert [None if v is None else list(v) for v in read] == values
+
+
 def test_a_chunk_joined_from_parts_of_other_kinds_has_no_array(tmp_path):
     """A chunk that spans a numeric record batch and one read as Python values (a null row) holds its rows' own
     instances only."""

@@ -85,14 +85,18 @@ def test_a_numeric_chunk_decodes_in_one_pass_and_a_bad_value_fails_its_row_alone
     """A chunk whose instances came as one array (numeric Parquet) gives what its rows give one by one; with a value
     out of range, that row fails with the message JSON would give and the others are predicted."""
     grids = np.array(digit_rows(30).instances, dtype=np.int64)
-    rows = [Row(index, f"r{index}", grid) for index, grid in enumerate(grids)]
+    rows = [Row(index, f"r{index}", None) for index in range(len(grids))]  # as the Parquet reader leaves them
     as_array = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows, grids)))
-    one_by_one = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows)))
+    assert all(row.instance is None for row in rows)  # decoded from the array, no numpy row made per row
+    one_by_one = predict_chunk(
+        digits_core, decode_chunk(digits_core, Chunk([Row(r.index, r.id, g) for r, g in zip(rows, grids, strict=True)]))
+    )
     assert [(r.row.id, r.prediction, r.error) for r in as_array] == [(r.row.id, r.prediction, r.error) for r in one_by_one]
     assert all(r.error is None for r in as_array)
     grids[12, 5] = 17
-    rows = [Row(index, f"r{index}", grid) for index, grid in enumerate(grids)]
+    rows = [Row(index, f"r{index}", None) for index in range(len(grids))]
     results = predict_chunk(digits_core, decode_chunk(digits_core, Chunk(rows, grids)))
+    assert all(isinstance(row.instance, np.ndarray) for row in rows)  # the row-by-row path filled them in
     failed = {r.row.id: r.error for r in results if r.error is not None}
     assert failed == {"r12": {"code": 400, "type": "InvalidInput", "message": "expected 64 values in 0..16, got 17"}}
     assert [r.prediction for r in results if r.row.id != "r12"] == [r.prediction for r in one_by_one if r.row.id != "r12"]
