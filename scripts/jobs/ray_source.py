@@ -5,7 +5,6 @@ A module of its own so that the read task's worker imports the job's readers onl
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pandas as pd
@@ -33,7 +32,6 @@ class ChunkSource(Datasource):
         return [ReadTask(self._blocks, metadata, per_task_row_limit=per_task_row_limit)]
 
     def _blocks(self) -> Iterator[pd.DataFrame]:
-        rows = self.source.rows(self.skip)
-        while chunk := list(itertools.islice(rows, self.chunk_size)):
+        for chunk in self.source.chunks(self.chunk_size, self.skip):
             # The chunk is one row of the dataset (a list of Rows, pickled as a Python object).
-            yield pd.DataFrame({CHUNK: pd.Series([chunk], dtype=object)})
+            yield pd.DataFrame({CHUNK: pd.Series([chunk.rows_with_instances()], dtype=object)})
