@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 import torch
 
 from handlers.collector import PacedCollector
+from handlers.core import torch_threads
 from handlers.decoding import Payload
 from models.digits.samples import digit_rows, write_jsonl, write_parquet
 from scripts import cli
@@ -41,7 +42,7 @@ from scripts.archive.core import load_core, malloc_as_lane
 from scripts.bench.pipeline import Timed
 from scripts.bench.report import REPORT, machine, replace_section
 from scripts.errors import ScriptError
-from scripts.jobs.batch_job import PREFETCH, JobConfig, JobSummary, one_torch_thread, run_job
+from scripts.jobs.batch_job import PREFETCH, JobConfig, JobSummary, run_job
 from scripts.layout import BUILD, MODEL_STORE, ROOT
 from scripts.server.temporary import temporary_server
 
@@ -121,7 +122,7 @@ def pipeline_ceiling(archive: Path, rows: int, chunk_size: int, workers: int = 1
     """The core's predict over chunks decoded beforehand, `rows` rows in all: one pass at a time on this process's
     torch threads, or `workers` passes at once on one torch thread each (what an in-process job on the CPU runs,
     scripts/jobs/batch_job.py forward_workers)."""
-    with one_torch_thread() if workers > 1 else contextlib.nullcontext():
+    with torch_threads(1) if workers > 1 else contextlib.nullcontext():
         core = load_core(archive)
         instances = digit_rows(chunk_size * CEILING_CHUNKS).instances
         starts = range(0, len(instances), chunk_size)

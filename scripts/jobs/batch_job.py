@@ -126,7 +126,7 @@ def run_job(config: JobConfig) -> JobSummary:
     config.check()
     workers = forward_workers(config)
     # Set before the core loads: an onnxruntime session takes torch's thread count when it is made.
-    with one_torch_thread() if workers > 1 else contextlib.nullcontext():
+    with torch_threads(1) if workers > 1 else contextlib.nullcontext():
         return _run_job(config, workers)
 
 
@@ -141,10 +141,6 @@ def forward_workers(config: JobConfig) -> int:
     if not config.in_process or config.prefetch < 1 or config.engine == "ray" or torch.cuda.is_available():
         return 1
     return max(1, torch.get_num_threads())
-
-
-def one_torch_thread() -> contextlib.AbstractContextManager[None]:
-    return torch_threads(1)
 
 
 def _run_job(config: JobConfig, workers: int) -> JobSummary:

@@ -27,15 +27,8 @@ def scores_in_chunks(core: InferenceCore, chunk: int, seed: int) -> np.ndarray:
     return np.array([scores[i] for i in range(len(ROWS))])
 
 
-@pytest.fixture
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("max_batch_rows", [8, 32])
-def test_bitwise_equal_across_batch_compositions_and_thread_counts(digits_model_dir, max_batch_rows, restore_threads):
+def test_bitwise_equal_across_batch_compositions_and_thread_counts(digits_model_dir, max_batch_rows):
     core = InferenceCore.load(
         digits_model_dir, digits_settings(deterministic=True, max_batch_rows=max_batch_rows), torch.device("cpu")
     )

@@ -197,16 +197,12 @@ def test_on_the_cpu_a_prefetching_job_runs_a_pass_per_torch_thread_each_on_one(t
         return predict(self, rows, stages)
 
     monkeypatch.setattr(InferenceCore, "predict", watched)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        source = write_jsonl(tmp_path / "in.jsonl", ROWS)
-        assert forward_workers(job(tmp_path, digits_archive, source, prefetch=2)) == 2
-        assert forward_workers(job(tmp_path, digits_archive, source, prefetch=0)) == 1
-        summary = run_job(job(tmp_path, digits_archive, source, chunk_size=20, prefetch=2))
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(previous)
+    torch.set_num_threads(2)  # tests/conftest.py sets it back after the test
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    assert forward_workers(job(tmp_path, digits_archive, source, prefetch=2)) == 2
+    assert forward_workers(job(tmp_path, digits_archive, source, prefetch=0)) == 1
+    summary = run_job(job(tmp_path, digits_archive, source, chunk_size=20, prefetch=2))
+    assert torch.get_num_threads() == 2
     assert summary.predicted == 120
     assert {threads for _, threads in seen} == {1}
     assert len({thread for thread, _ in seen}) == 2
