@@ -48,7 +48,7 @@ ENV PIP_NO_CACHE_DIR=1
 # writes back only what serving imports, below.
 ARG SERVING_LOCK=locks/serving-cuda.txt
 COPY Makefile ./
-COPY locks/serving-cuda.txt locks/serving-cpu.txt locks/serving-nodeps.txt locks/
+COPY locks/pip.txt locks/serving-cuda.txt locks/serving-cpu.txt locks/serving-nodeps.txt locks/
 RUN make venv-serving PYTHON=python3.11 SERVING_LOCK=${SERVING_LOCK} \
     && rm -rf .venv/lib/python3.11/site-packages/torch/test .venv/lib/python3.11/site-packages/torch/include \
     && find .venv/lib/python3.11/site-packages/torch/bin -type f ! -name torch_shm_manager -delete \

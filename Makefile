@@ -11,8 +11,9 @@ PY := $(VENV)/bin/python
 TOOLS_LOCK := locks/tools-cpu.txt
 SERVING_LOCK ?= locks/serving-cpu.txt
 NODEPS_LOCK := locks/serving-nodeps.txt
-STAMP := $(VENV)/.installed-$(shell cat $(TOOLS_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
-SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(SERVING_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
+PIP_LOCK := locks/pip.txt
+STAMP := $(VENV)/.installed-$(shell cat $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
+SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
 HASHED := --quiet --require-hashes
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
@@ -41,14 +42,16 @@ STREAM_ARGS ?=
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
 # venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): $(TOOLS_LOCK) $(NODEPS_LOCK)
+$(STAMP): $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(HASHED) -r $(PIP_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(TOOLS_LOCK)
 	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
 	@rm -f $(VENV)/.installed-* && touch $@
 venv-serving: $(SERVING_STAMP)
-$(SERVING_STAMP): $(SERVING_LOCK) $(NODEPS_LOCK)
+$(SERVING_STAMP): $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(HASHED) -r $(PIP_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(SERVING_LOCK)
 	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
 	@rm -f $(VENV)/.installed-* && touch $@
