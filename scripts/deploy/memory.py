@@ -14,14 +14,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-import yaml
-
-from handlers.settings import HandlerSettings
 from scripts import cli
 from scripts.layout import ROOT
 from scripts.server.config import ServerConfig
+from scripts.server.front_door import archive_yaml, bulk_admitted, lane_body_bytes
 
 MIB = 1024 * 1024
 # The worst worker peak RSS on each lane, MiB: scripts/hardening/worker_memory.py on CPU workers (the tables in
@@ -32,8 +29,6 @@ WORKER_PEAK_MIB = {"digits": 408, "digits-bulk": 2475, "minilm": 472, "minilm-bu
 # (metaspace, code, threads' stacks, GC tables): a resting TorchServe's JVM here took 250 to 400 MiB in all.
 FRONTEND_HEAP_BASE_MIB = 512
 JVM_NATIVE_MIB = 256
-# Batch jobs send this many chunks at once (scripts/jobs/batch_job.py JobConfig.concurrency).
-BULK_CLIENT_CHUNKS = 4
 ROUND_MIB = 256
 GATEWAY_CONF = ROOT / "deploy" / "k8s" / "gateway" / "nginx.conf"
 
@@ -72,12 +67,6 @@ class PodMemory:
         return _round_up(self.workers_mib + self.heap_mib + self.direct_mib + JVM_NATIVE_MIB)
 
 
-def bulk_admitted(config: ServerConfig, lane: str) -> int:
-    """Requests the gateway lets onto a bulk lane at once: its workers' batches and every chunk of one batch job."""
-    settings = _lane_settings(config, lane)
-    return settings.workers * settings.batch_size + BULK_CLIENT_CHUNKS
-
-
 def derive(config: ServerConfig | None = None) -> PodMemory:
     config = config or ServerConfig.read()
     lanes = [_lane_memory(config, lane, archive) for lane, archive in config.loaded_lanes().items()]
@@ -87,22 +76,17 @@ def derive(config: ServerConfig | None = None) -> PodMemory:
 
 def _lane_memory(config: ServerConfig, lane: str, archive: str) -> LaneMemory:
     settings = _lane_settings(config, lane)
-    handler = HandlerSettings.from_yaml(_archive_yaml(archive), lane)
-    body = handler.bytes_for(lane) or config.max_request_size
+    body = lane_body_bytes(config, lane, archive)
     if lane.endswith("-bulk"):
         gateway, held = bulk_admitted(config, lane), bulk_admitted(config, lane)
     else:  # the gateway cuts the route at its byte limit; TorchServe queues up to job_queue_size beside the batches
-        queue = _archive_yaml(archive).get("jobQueueSize") or config.job_queue_size
+        queue = archive_yaml(archive).get("jobQueueSize") or config.job_queue_size
         gateway, held = None, queue + settings.workers * settings.batch_size
     return LaneMemory(lane, settings.workers, WORKER_PEAK_MIB[lane], body, held, gateway)
 
 
 def _lane_settings(config: ServerConfig, lane: str):
     return config.lane_settings(lane.removesuffix("-bulk"))[lane]
-
-
-def _archive_yaml(archive: str) -> dict:
-    return yaml.safe_load((ROOT / "models" / Path(archive).stem / "model-config.yaml").read_text())
 
 
 def _round_up(mib: int) -> int:

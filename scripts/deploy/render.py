@@ -24,10 +24,13 @@ from scripts.archive.reader import MarFile
 from scripts.deploy.manifests import K8S
 from scripts.errors import ConfigError
 from scripts.layout import BUILD, CONFIG
+from scripts.server import front_door
 from scripts.server.config import ServerConfig
+from scripts.server.front_door import torchserve_addresses
 from scripts.server.prometheus import MONITORING
 
 K8S_CONFIG = K8S / "config"
+GATEWAY_CONF = K8S / "gateway" / "nginx.conf"
 METRICS = MONITORING / "metrics.yaml"
 LOG_CONFIG = MONITORING / "log4j2.xml"  # TorchServe's logging (config.properties' vmargs), beside metrics.yaml
 # TorchServe's default ports: render() takes them for the keys it always writes.
@@ -95,13 +98,25 @@ def _render(source: ServerConfig, overrides: dict[str, str], purpose: str) -> st
     return "\n".join(header + settings) + "\n"
 
 
+def gateway_conf(source: ServerConfig) -> str:
+    """The pod's gateway: the front door of `make serve` (scripts/server/front_door.py) in its gateway mode, before
+    the TorchServe of the pod's config.properties."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.properties"
+        path.write_text(k8s_properties(source))
+        pod = ServerConfig.read(path)
+        return front_door.render(pod, {}, {}, gateway=front_door.Gateway(upstream=torchserve_addresses(pod)["inference"]))
+
+
 def write_k8s(source: ServerConfig, folder: Path = K8S_CONFIG) -> list[Path]:
-    """config.properties, metrics.yaml and log4j2.xml for the ConfigMap that kustomize generates from this folder."""
+    """config.properties, metrics.yaml and log4j2.xml for the ConfigMap that kustomize generates from this folder,
+    and the gateway's nginx.conf."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.properties").write_text(k8s_properties(source))
     shutil.copyfile(METRICS, folder / "metrics.yaml")
     shutil.copyfile(LOG_CONFIG, folder / "log4j2.xml")
-    return [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml"]
+    GATEWAY_CONF.write_text(gateway_conf(source))
+    return [folder / "config.properties", folder / "metrics.yaml", folder / "log4j2.xml", GATEWAY_CONF]
 
 
 def write_kserve(source: ServerConfig, out: Path) -> list[Path]:

@@ -21,6 +21,9 @@ REQUIRED_LANE_KEYS = ("batchSize", "maxBatchDelay", "responseTimeout", "minWorke
 DEFAULT_MAX_REQUEST_SIZE = 6_553_500
 DEFAULT_JOB_QUEUE_SIZE = 100
 LOG4J_FLAG = "-Dlog4j.configurationFile"
+# Where clients connect when nginx stands before TorchServe (scripts/server/front_door.py).
+FRONT_DOOR_LISTENERS = ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+FRONT_DOOR_KEY = "front_door_{}_address"
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,17 @@ class ServerConfig:
             # Backend workers listen on initial_worker_port + n: move them off `make serve`'s 9000.
             "initial_worker_port": str(ports["workers"]),
         }
+        # The front door's listeners: on the ports given for them (front_door_inference, ...), else none: a server
+        # for tests is reached directly unless it asks for one (scripts/server/temporary.py).
+        for name in FRONT_DOOR_LISTENERS:
+            if f"front_door_{name}" in ports:
+                addresses[FRONT_DOOR_KEY.format(name)] = f"127.0.0.1:{ports['front_door_' + name]}"
         replaced = {**addresses, **(overrides or {})}
         lines, seen = [], set()
         for line in self.path.read_text().splitlines():
             key = line.partition("=")[0].strip()
+            if key.startswith("front_door_") and key not in replaced:
+                continue
             if "=" in line and not line.lstrip().startswith("#") and key in replaced:
                 lines.append(f"{key}={replaced[key]}")
                 seen.add(key)

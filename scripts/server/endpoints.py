@@ -26,7 +26,7 @@ import requests
 from scripts import cli
 from scripts.errors import ConfigError
 from scripts.layout import CONFIG, KEY_FILE
-from scripts.server.config import ServerConfig
+from scripts.server.config import FRONT_DOOR_KEY, FRONT_DOOR_LISTENERS, ServerConfig
 
 KINDS = ("inference", "management")
 # The key of /token itself: TorchServe's "API" entry, which never expires.
@@ -66,8 +66,23 @@ class Endpoints:
     key_file: Path
 
     @classmethod
-    def from_config(cls, config: Path = CONFIG, key_file: Path = KEY_FILE) -> Endpoints:
+    def from_config(cls, config: Path = CONFIG, key_file: Path = KEY_FILE, direct: bool = False) -> Endpoints:
+        """Where clients connect: the front door's listeners where config.properties names them (front_door_*),
+        else TorchServe's own; `direct`: TorchServe's own always (its readiness, before the front door is up)."""
         p = ServerConfig.read(config)
+        door = {} if direct else {name: p.properties.get(FRONT_DOOR_KEY.format(name)) for name in FRONT_DOOR_LISTENERS}
+        if door.get("inference"):
+            hosts = {name: _host_port(value) for name, value in door.items() if value}
+            grpc_host, grpc_inference_port = hosts["grpc_inference"]
+            return cls(
+                inference=f"http://{':'.join(map(str, hosts['inference']))}",
+                management=f"http://{':'.join(map(str, hosts['management']))}",
+                metrics=f"http://{':'.join(map(str, hosts['metrics']))}",
+                grpc_host=grpc_host,
+                grpc_inference_port=grpc_inference_port,
+                grpc_management_port=hosts["grpc_management"][1],
+                key_file=key_file,
+            )
         return cls(
             inference=p.get("inference_address", "http://127.0.0.1:8080"),
             management=p.get("management_address", "http://127.0.0.1:8081"),
@@ -134,6 +149,11 @@ class Endpoints:
             )
         # TorchServe rewrote the file before answering.
         return read_key(self.key_file, kind, fresh=True).value
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    return host, int(port)
 
 
 def token_refused(reply: requests.Response) -> bool:

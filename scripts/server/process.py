@@ -47,10 +47,18 @@ class Server:
     model_store: Path
     # The foreground process (throwaway servers): its process tree is the frontend and every worker.
     process: subprocess.Popen | None = field(default=None, repr=False)
+    # nginx before it, where one was started (scripts/server/front_door.py FrontDoor).
+    front_door: object | None = field(default=None, repr=False)
 
     @property
     def endpoints(self) -> Endpoints:
+        """Where clients connect (the front door, where the config has one)."""
         return Endpoints.from_config(self.config, self.workdir / "key_file.json")
+
+    @property
+    def torchserve_endpoints(self) -> Endpoints:
+        """TorchServe's own listeners (behind the front door, where there is one)."""
+        return Endpoints.from_config(self.config, self.workdir / "key_file.json", direct=True)
 
     def start(self, foreground: bool = False) -> subprocess.Popen | None:
         """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode."""
@@ -106,7 +114,7 @@ class Server:
         )
 
     def _ready(self, model: str) -> bool:
-        endpoints = self.endpoints
+        endpoints = self.torchserve_endpoints
         try:
             reply = requests.get(f"{endpoints.management}/models/{model}", headers=endpoints.auth("management"), timeout=5)
         except (requests.ConnectionError, requests.Timeout, ConfigError):

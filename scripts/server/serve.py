@@ -13,10 +13,13 @@ from pathlib import Path
 
 from scripts import cli
 from scripts.archive.reader import MarFile
-from scripts.layout import CONFIG, MODEL_STORE, ROOT
+from scripts.layout import BUILD, CONFIG, MODEL_STORE, ROOT
 from scripts.server.config import ServerConfig
+from scripts.server.front_door import FrontDoor
 from scripts.server.process import Server
 from scripts.server.warmup import warm_up
+
+FRONT_DOOR = BUILD / "front-door"
 
 
 def verify_loaded_archives(config: ServerConfig, model_store: Path) -> list[str]:
@@ -32,7 +35,9 @@ def main() -> int:
     parser.add_argument("action", choices=["start", "stop"])
     args = parser.parse_args()
     server = Server(config=CONFIG, workdir=ROOT, model_store=MODEL_STORE)
+    door = FrontDoor(CONFIG, FRONT_DOOR)
     if args.action == "stop":
+        door.stop()
         server.stop()
         return 0
     config = ServerConfig.read(CONFIG)
@@ -41,6 +46,7 @@ def main() -> int:
     server.start()
     models = config.lanes()
     server.wait_ready(models)
+    door.start(daemon=True)
     e = server.endpoints
     # Ready means warm: a fresh JVM serves its first thousands of requests at a fraction of its warm rate.
     warmed = warm_up(e, models)
@@ -55,9 +61,10 @@ def main() -> int:
         "metrics": f"{e.metrics}/metrics",
         "gRPC": f"{e.grpc_host}:{e.grpc_inference_port} (inference), :{e.grpc_management_port} (management)",
         "tokens": f"{e.key_file} (inference.key for predictions, management.key for the management API)",
-        "logs": f"{ROOT / 'logs'}; stop with `make stop`",
+        "logs": f"{ROOT / 'logs'}, {FRONT_DOOR / 'nginx.out'} (the front door); stop with `make stop`",
     }
-    print(f"TorchServe is up in {time.monotonic() - started:.0f}s with lanes: {', '.join(models)}")
+    took = time.monotonic() - started
+    print(f"TorchServe is up behind its front door (nginx, docs/front-door.md) in {took:.0f}s with lanes: {', '.join(models)}")
     print("\n".join(f"  {name:<12}{address}" for name, address in where.items()))
     return 0
 

@@ -10,37 +10,55 @@ from pathlib import Path
 
 from scripts.archive.reader import MarFile
 from scripts.errors import ArchiveError
-from scripts.server.config import ServerConfig
-from scripts.server.process import Server, free_ports
+from scripts.server.config import FRONT_DOOR_LISTENERS, ServerConfig
+from scripts.server.front_door import FrontDoor
+from scripts.server.process import Server, free_port, free_ports
 
 
 @contextlib.contextmanager
 def serving_in(
-    workdir: Path, archives: dict[str, Path], overrides: dict[str, str] | None = None, models: list[str] | None = None
+    workdir: Path,
+    archives: dict[str, Path],
+    overrides: dict[str, str] | None = None,
+    models: list[str] | None = None,
+    front_door: bool = False,
 ) -> Iterator[Server]:
     """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
-    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped."""
+    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped.
+    `front_door`: nginx before it (scripts/server/front_door.py), where the server's endpoints then point."""
     store = workdir / "model_store"
     store.mkdir(parents=True, exist_ok=True)
     for name, source in archives.items():
         if not source.exists():
             raise ArchiveError(f"{source} is missing: run `make archive` first (make test does)")
         MarFile(source).copy(store / name)  # with its recorded sha256, so the copy can be registered
-    config = ServerConfig.read().render(workdir / "config.properties", store, free_ports(), overrides)
+    ports = free_ports()
+    if front_door:
+        ports.update({f"front_door_{name}": free_port() for name in FRONT_DOOR_LISTENERS})
+    config = ServerConfig.read().render(workdir / "config.properties", store, ports, overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
+    door = FrontDoor(config, workdir / "front-door") if front_door else None
     process = server.process = server.start(foreground=True)
     try:
         server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
+        if door is not None:
+            door.start()
+            server.front_door = door
         yield server
     finally:
+        if door is not None:
+            door.stop()
         server.stop(server.process)  # the one running now: a test may have restarted it
 
 
 @contextlib.contextmanager
-def temporary_server(archive: Path, name: str = "digits.mar", overrides: dict[str, str] | None = None) -> Iterator[Server]:
+def temporary_server(
+    archive: Path, name: str = "digits.mar", overrides: dict[str, str] | None = None, front_door: bool = False
+) -> Iterator[Server]:
     """Serve `archive` as model_store/`name` under the lanes config.properties gives that file (and no others)."""
     with tempfile.TemporaryDirectory(prefix="torchserve-") as folder:
-        with serving_in(Path(folder), {name: archive}, {**only_lanes_of(name), **(overrides or {})}) as server:
+        lanes = {**only_lanes_of(name), **(overrides or {})}
+        with serving_in(Path(folder), {name: archive}, lanes, front_door=front_door) as server:
             yield server
 
 

@@ -35,7 +35,7 @@ from scripts.deploy.memory import (
     gateway_limits,
     jvm_flags,
 )
-from scripts.deploy.render import K8S_CONFIG, METRICS, k8s_properties, kserve_properties, write_kserve
+from scripts.deploy.render import K8S_CONFIG, METRICS, gateway_conf, k8s_properties, kserve_properties, write_kserve
 from scripts.layout import ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.prometheus import binary, metric_names
@@ -296,30 +296,35 @@ def test_the_gateway_forwards_to_torchserve_within_its_request_limit_and_takes_t
     nginx = (K8S / "gateway" / "nginx.conf").read_text()
     port = pod_config.get("inference_address", "").rsplit(":", 1)[1]
     assert f"server 127.0.0.1:{port};" in nginx
-    size = int(re.search(r"^    client_max_body_size (\d+);", nginx, re.MULTILINE).group(1))
-    assert size == pod_config.max_request_size
     env = {variable["name"]: variable for variable in containers["gateway"]["env"]}
     assert env["CLIENT_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "unified-serve-client-token", "key": "token"}
     assert env["TORCHSERVE_KEY_FILE"]["value"] == "/keys/key_file.json"
     gateway_port = containers["gateway"]["ports"][0]
-    assert f"listen {gateway_port['containerPort']};" in nginx
+    assert f"listen {gateway_port['containerPort']} reuseport;" in nginx
     service = one(K8S / "service.yaml")
     assert service["spec"]["ports"][0]["targetPort"] == gateway_port["name"]
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def test_the_gateway_cuts_each_stream_route_at_its_lanes_byte_limit_and_the_rest_at_max_request_size(pod_config):
-    """One place for the numbers: the archives' handler.max_request_bytes; the gateway repeats them per route."""
-    nginx = (K8S / "gateway" / "nginx.conf").read_text()
-    routes = dict(re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{\s*client_max_body_size (\d+);", nginx))
-    stream = {lane: archive for lane, archive in pod_config.loaded_lanes().items() if not lane.endswith("-bulk")}
-    assert sorted(routes) == sorted(stream)
-    for lane, archive in stream.items():
+def test_the_gateway_is_the_front_door_rendered_for_the_pod():
+    """One renderer for make serve's front door and the pod's gateway: the committed file is its output."""
+    assert GATEWAY_CONF.read_text() == gateway_conf(ServerConfig.read()), "run `python -m scripts.deploy.render k8s`"
+
+
+def test_the_gateway_cuts_each_route_at_its_lanes_byte_limit(pod_config):
+    """One place for the numbers: the archives' handler.max_request_bytes (else max_request_size); the gateway
+    repeats them per route."""
+    nginx = GATEWAY_CONF.read_text()
+    routes = dict(
+        re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{[^}]*?client_max_body_size (\d+);", nginx)
+    )
+    assert sorted(routes) == sorted(pod_config.loaded_lanes())
+    for lane, archive in pod_config.loaded_lanes().items():
         settings = HandlerSettings.from_yaml(
-            yaml.safe_load((ROOT / "models" / archive.removesuffix(".mar") / "model-config.yaml").read_text())
+            yaml.safe_load((ROOT / "models" / archive.removesuffix(".mar") / "model-config.yaml").read_text()), lane
         )
-        assert int(routes[lane]) == settings.bytes_for(lane)
-        assert settings.bytes_for(f"{lane}-bulk") == pod_config.max_request_size
+        assert int(routes[lane]) == (settings.bytes_for(lane) or pod_config.max_request_size)
+    assert int(routes["digits-bulk"]) == pod_config.max_request_size
 
 
 def test_the_pod_runs_as_non_root_on_one_gpu_with_the_model_store_read_only(deployment, containers):
