@@ -75,6 +75,8 @@ UPSTREAM_KEEPALIVE = 16
 # The bulk lanes' responseTimeout is up to 600 s (models/*/model-config.yaml).
 UPSTREAM_TIMEOUT_S = 610
 MANAGEMENT_BODY_BYTES = 64 * 1024
+# Internal locations of the front door's own error answers (never reachable from outside: `internal`).
+ERROR_PATH = "/__front_door/error"
 UNAUTHORIZED = "send the client token as Authorization: Bearer <token> (docs/kubernetes.md)"
 GRPC_SERVICES = {
     "grpc_inference": "org.pytorch.serve.grpc.inference.InferenceAPIsService",
@@ -276,7 +278,19 @@ def _upstream_name(name: str, gateway: Gateway | None) -> str:
     return "torchserve" if gateway else f"torchserve_{name}"
 
 
-def _error_pages(lanes: str) -> str:
+@dataclass(frozen=True)
+class ErrorPages:
+    """The front door's own answers as JSON: `directives` in a server (and restated in any location that sets an
+    error_page of its own, which replaces the server's), `locations` once per server."""
+
+    directives: str
+    locations: str
+
+    def with_413(self, uri: str) -> str:
+        return self.directives.replace(f"error_page 413 {ERROR_PATH}/413;", f"error_page 413 {uri};")
+
+
+def _error_pages(lanes: str) -> ErrorPages:
     pages = {
         400: ("BadRequest", "malformed HTTP request (framing, header or URL): the front door passes only well-formed HTTP/1.1"),
         404: ("NotFound", f"no such route: this API serves /ping and /predictions/<lane> for lanes {lanes}"),
@@ -287,21 +301,27 @@ def _error_pages(lanes: str) -> str:
         413: ("PayloadTooLarge", "request body over the limit of this route"),
         414: ("URITooLong", f"request line over {HEADER_BUFFER_BYTES} bytes"),
         429: ("TooManyRequests", f"too many requests in flight (at most {PER_CLIENT_REQUESTS} per client): retry later"),
+        501: ("BadRequest", "a Transfer-Encoding other than chunked: send the body with Content-Length or chunked"),
+        502: ("BadGateway", "TorchServe did not answer: it may be starting or stopped (see its logs)"),
+        503: ("ServiceUnavailable", "this lane has as many requests at once as it takes: retry later"),
+        504: ("GatewayTimeout", f"TorchServe did not answer within {UPSTREAM_TIMEOUT_S} s"),
         494: (
             "RequestHeaderTooLarge",
             f"a header over {HEADER_BUFFER_BYTES} bytes, or all over {HEADER_BUFFERS * HEADER_BUFFER_BYTES}",
         ),
     }
-    text = ""
+    directives, locations = [], []
     for code, (kind, message) in pages.items():
-        status = 400 if code == 494 else code
-        text += f"        error_page {code} = @error_{code};\n"
-        text += f"        location @error_{code} {{ return {status} {_json(status, kind, message)}; }}\n"
-    return text
+        status = 400 if code in (494, 501) else code
+        directives.append(f"        error_page {code} {'' if status == code else f'={status} '}{ERROR_PATH}/{code};")
+        locations.append(
+            f"        location = {ERROR_PATH}/{code} {{ internal; return {status} {_json(status, kind, message)}; }}"
+        )
+    return ErrorPages("\n".join(directives), "\n".join(locations))
 
 
 def _inference_server(
-    address: str, rules: list[LaneRule], lanes: str, accepted: str, errors: str, gateway: Gateway | None
+    address: str, rules: list[LaneRule], lanes: str, accepted: str, errors: ErrorPages, gateway: Gateway | None
 ) -> str:
     upstream = _upstream_name("inference", gateway)
     refused_message = f"Content-Type not accepted: send one of {accepted} (a form or multipart body is never read)"
@@ -318,7 +338,9 @@ def _inference_server(
         listen {address} reuseport;
         limit_conn per_client {PER_CLIENT_REQUESTS};
         limit_conn per_listener {PER_LISTENER_REQUESTS};
-{errors}"""
+{errors.directives}
+{errors.locations}
+"""
     if gateway:
         text += """
         # The gateway's own liveness; TorchServe's health is the torchserve container's probes.
@@ -353,13 +375,13 @@ def _inference_server(
         text += f"""
         location ~ ^/predictions/{rule.lane}(/[^/]*)?$ {{
 {bulk}            client_max_body_size {rule.body_bytes};
-            error_page 413 = @too_large_{rule.lane.replace("-", "_")};
+    {errors.with_413(f"{ERROR_PATH}/413/{rule.lane}").replace(chr(10), chr(10) + "    ")}
 {guard}            if ($refused_type) {{
                 {refused}
             }}
             proxy_pass http://{upstream};
         }}
-        location @too_large_{rule.lane.replace("-", "_")} {{ return 413 {too_large}; }}
+        location = {ERROR_PATH}/413/{rule.lane} {{ internal; return 413 {too_large}; }}
 """
     not_found = _json(404, "NotFound", f"no such route: this API serves /ping and /predictions/<lane> for lanes {lanes}")
     text += f"""
@@ -371,14 +393,15 @@ def _inference_server(
     return text
 
 
-def _management_server(address: str, errors: str) -> str:
+def _management_server(address: str, errors: ErrorPages) -> str:
     refused = _json(415, "UnsupportedMediaType", "the management API takes its parameters in the URL: no form or multipart body")
     return f"""
     server {{
         listen {address} reuseport;
         limit_conn per_client 32;
         client_max_body_size {MANAGEMENT_BODY_BYTES};
-{errors}
+{errors.directives}
+{errors.locations}
         location / {{
             if ($form_body) {{
                 return 415 {refused};
@@ -389,13 +412,14 @@ def _management_server(address: str, errors: str) -> str:
 """
 
 
-def _metrics_server(address: str, errors: str) -> str:
+def _metrics_server(address: str, errors: ErrorPages) -> str:
     return f"""
     server {{
         listen {address} reuseport;
         limit_conn per_client 16;
         client_max_body_size 1k;
-{errors}
+{errors.directives}
+{errors.locations}
         location = /metrics {{
             limit_except GET {{
                 deny all;

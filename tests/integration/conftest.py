@@ -21,9 +21,15 @@ class RunningServer:
     model_store: Path
 
 
-def start_server(workdir: Path, archives: list[str], overrides: dict[str, str] | None = None, models: list[str] | None = None):
+def start_server(
+    workdir: Path,
+    archives: list[str],
+    overrides: dict[str, str] | None = None,
+    models: list[str] | None = None,
+    front_door: bool = False,
+):
     """Start TorchServe in `workdir` with copies of `archives` from model_store; yields a RunningServer."""
-    with serving_in(workdir, {name: MODEL_STORE / name for name in archives}, overrides, models) as server:
+    with serving_in(workdir, {name: MODEL_STORE / name for name in archives}, overrides, models, front_door) as server:
         yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 
@@ -35,3 +41,10 @@ def digits_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def minilm_server(tmp_path_factory):
     yield from start_server(tmp_path_factory.mktemp("torchserve-minilm"), ["minilm.mar"], only_lanes_of("minilm.mar"))
+
+
+@pytest.fixture(scope="session")
+def front_door_server(tmp_path_factory):
+    """The digits lanes behind the front door (nginx, scripts/server/front_door.py): its endpoints are the front
+    door's; `server.torchserve_endpoints` are TorchServe's own."""
+    yield from start_server(tmp_path_factory.mktemp("front-door"), ["digits.mar"], only_lanes_of("digits.mar"), front_door=True)
