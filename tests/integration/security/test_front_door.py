@@ -296,7 +296,10 @@ def test_tens_of_thousands_of_half_open_connections_leave_a_real_client_served(f
             h.wait()
 
 
-FLOOD = 'wrk.method = "POST"\nwrk.body = string.rep("a=&", 699050)\nwrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
+FLOOD = (
+    'wrk.method = "POST"\nwrk.body = string.rep("a=&", 699050)\n'
+    'wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
+)
 
 
 def latencies(e, count: int) -> list[float]:
