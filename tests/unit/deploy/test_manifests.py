@@ -315,9 +315,7 @@ def test_the_gateway_cuts_each_route_at_its_lanes_byte_limit(pod_config):
     """One place for the numbers: the archives' handler.max_request_bytes (else max_request_size); the gateway
     repeats them per route."""
     nginx = GATEWAY_CONF.read_text()
-    routes = dict(
-        re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{[^}]*?client_max_body_size (\d+);", nginx)
-    )
+    routes = dict(re.findall(r"location ~ \^/predictions/([\w-]+)\(/\[\^/\]\*\)\?\$ \{[^}]*?client_max_body_size (\d+);", nginx))
     assert sorted(routes) == sorted(pod_config.loaded_lanes())
     for lane, archive in pod_config.loaded_lanes().items():
         settings = HandlerSettings.from_yaml(
