@@ -23,10 +23,14 @@ RUN apt-get update \
 
 FROM ${BASE}
 # tini as PID 1, make for the venv's recipe, wrk for the warm-up before readiness (the frontend's JIT wants some
-# 50,000 requests, which only a load generator sends in seconds: docs/container.md, "Warm-up"; with LuaJIT ~0.7 MB)
-# (their release series pinned, as above); Java from the stage above.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini=0.19.* make=4.* wrk=4.1.* \
+# 50,000 requests, which only a load generator sends in seconds: docs/container.md, "Warm-up"; with LuaJIT ~0.7 MB),
+# nginx for the front door clients meet (docs/front-door.md) (their release series pinned, as above); Java from the
+# stage above.
+# (policy-rc.d: a package's scripts start no service during the build.)
+RUN printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends tini=0.19.* make=4.* wrk=4.1.* nginx=1.22.* \
+    && rm /usr/sbin/policy-rc.d \
     && rm -rf /var/lib/apt/lists/* /usr/share/man/*
 COPY --from=java /opt/java /opt/java
 ENV JAVA_HOME=/opt/java
@@ -77,7 +81,8 @@ ENV PATH=/srv/.venv/bin:/opt/java/bin:$PATH \
     METRICS_LOCATION=/var/log/torchserve
 VOLUME ["/keys"]
 USER 10001:10001
-# inference, management, metrics, gRPC inference, gRPC management (config.properties; TS_* variables move them)
+# The front door's inference, management, metrics, gRPC inference, gRPC management (config.properties; the
+# FRONT_DOOR_*_ADDRESS variables move them, TS_* TorchServe's own on loopback behind it)
 EXPOSE 8080 8081 8082 7070 7071
 # /ping, every lane with a READY worker and warmed by the entry point; renews a key that has expired
 # (docs/container.md, "Health").

@@ -1,9 +1,10 @@
 """config.properties for the image, rendered at build time from the repository's (which stays on loopback).
 
-Inside a container the listeners must take all interfaces to be reachable through published ports; the
-host decides what is exposed (`-p 127.0.0.1:8080:8080`). Same ports as config.properties, absolute paths
-(the server starts in the key volume, not in the repository), and TorchServe's TS_* environment variables
-enabled so a run can move the ports (`make image-test` does: it shares the host's network).
+Inside a container the front door (nginx, scripts/server/front_door.py) takes all interfaces to be reachable
+through published ports, the host deciding what is exposed (`-p 127.0.0.1:8080:8080`); TorchServe stays on
+loopback behind it. Same ports as config.properties, absolute paths (the server starts in the key volume, not in
+the repository), and the environment variables enabled that move the ports (TorchServe's TS_*, the front door's
+FRONT_DOOR_*_ADDRESS: `make image-test` moves them, as it shares the host's network).
 
     python -m scripts.container.config            # writes config.container.properties (the Dockerfile does)
 """
@@ -16,7 +17,8 @@ from urllib.parse import urlsplit
 from scripts import cli
 from scripts.errors import ConfigError
 from scripts.layout import CONFIG, ROOT
-from scripts.server.config import ServerConfig
+from scripts.server.config import FRONT_DOOR_KEY, ServerConfig
+from scripts.server.front_door import front_door_addresses
 
 CONTAINER_CONFIG = ROOT / "config.container.properties"
 # The image's key volume (the Dockerfile's VOLUME): TorchServe runs there and writes key_file.json into it.
@@ -54,12 +56,18 @@ def ports_of(config: ServerConfig) -> dict[str, int]:
 
 
 def render_container_config(out: Path = CONTAINER_CONFIG, source: Path = CONFIG) -> Path:
+    """TorchServe on loopback inside the container (its own ports), the front door on every interface (the
+    published ports): only nginx is reachable from outside."""
     config = ServerConfig.read(source)
     ports = ports_of(config)
+    door = front_door_addresses(config)
+    if not door:
+        raise ConfigError(f"{source} names no front door (front_door_*_address): the image serves clients through one")
     overrides = {
-        **{f"{name}_address": f"http://{ALL_INTERFACES}:{ports[name]}" for name in DEFAULT_ADDRESSES},
-        "grpc_inference_address": ALL_INTERFACES,
-        "grpc_management_address": ALL_INTERFACES,
+        **{f"{name}_address": f"http://127.0.0.1:{ports[name]}" for name in DEFAULT_ADDRESSES},
+        "grpc_inference_address": "127.0.0.1",
+        "grpc_management_address": "127.0.0.1",
+        **{FRONT_DOOR_KEY.format(name): f"{ALL_INTERFACES}:{address.rpartition(':')[2]}" for name, address in door.items()},
         "enable_envvars_config": "true",
     }
     config.render(out, config.model_store, ports, overrides)
@@ -67,9 +75,10 @@ def render_container_config(out: Path = CONTAINER_CONFIG, source: Path = CONFIG)
     return out
 
 
-def listener_environment(ports: dict[str, int], host: str = "127.0.0.1") -> dict[str, str]:
-    """TorchServe's TS_* variables that put every listener of the image on `host` and `ports` (free_ports()'s
-    names): for a container sharing the host's network, which must not take 8080-8082/7070-7071."""
+def listener_environment(ports: dict[str, int], door: dict[str, int], host: str = "127.0.0.1") -> dict[str, str]:
+    """The variables that put every listener of the image on `host`: TorchServe's TS_* on `ports` (free_ports()'s
+    names), the front door's FRONT_DOOR_*_ADDRESS on `door` ({listener: port}): for a container sharing the host's
+    network, which must not take 8080-8082/7070-7071."""
     return {
         "TS_INFERENCE_ADDRESS": f"http://{host}:{ports['inference']}",
         "TS_MANAGEMENT_ADDRESS": f"http://{host}:{ports['management']}",
@@ -79,6 +88,7 @@ def listener_environment(ports: dict[str, int], host: str = "127.0.0.1") -> dict
         "TS_GRPC_INFERENCE_PORT": str(ports["grpc_inference"]),
         "TS_GRPC_MANAGEMENT_PORT": str(ports["grpc_management"]),
         "TS_INITIAL_WORKER_PORT": str(ports["workers"]),
+        **{f"FRONT_DOOR_{name.upper()}_ADDRESS": f"{host}:{port}" for name, port in door.items()},
     }
 
 

@@ -26,6 +26,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from scripts.container.config import CONTAINER_CONFIG, KEY_DIR
 from scripts.container.warm import marker, warm_when_ready
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
+from scripts.server.front_door import FrontDoor, front_door_addresses
 from scripts.server.process import BIN, check_java, stop_process_group
 from scripts.server.serve import verify_loaded_archives
 
@@ -75,12 +77,25 @@ def serve(config: Path, key_dir: Path, stop_timeout: float = STOP_TIMEOUT_S) -> 
         cwd=key_dir,
         start_new_session=True,
     )
+    door = None
+    if front_door_addresses(server_config, os.environ):
+        # Clients reach TorchServe only through nginx (docs/front-door.md); its files go to a folder of its own.
+        door = FrontDoor(config, Path(tempfile.mkdtemp(prefix="front-door-")))
+        door.start()
+        print(
+            f"front door (nginx) listening on {', '.join(front_door_addresses(server_config, os.environ).values())}", flush=True
+        )
     stopping = threading.Event()
     warming = threading.Thread(target=warm_when_ready, args=(config, key_dir / "key_file.json", stopping), daemon=True)
     warming.start()
-    while process.poll() is None and stop.signal is None:
+    while process.poll() is None and stop.signal is None and (door is None or door.running()):
         time.sleep(POLL_S)
     stopping.set()
+    if door is not None and not door.running() and stop.signal is None:
+        stop_torchserve(process, key_dir, stop_timeout)
+        raise ServerError(f"the front door (nginx) exited on its own; see {door.folder / 'nginx.out'}")
+    if door is not None:
+        door.stop()  # no new requests; those in flight are answered first (nginx's graceful quit)
     if stop.signal is None:
         stop_process_group(process, timeout=stop_timeout)  # the frontend's workers, if any are left
         raise ServerError(f"TorchServe exited on its own (status {process.returncode}); its log is above")

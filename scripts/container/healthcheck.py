@@ -1,4 +1,5 @@
-"""The image's HEALTHCHECK and the pod's probes: TorchServe's /ping answers 200 "Healthy", and with `--ready`
+"""The image's HEALTHCHECK and the pod's probes: TorchServe's /ping answers 200 "Healthy" (and through the front door
+too, where the config names one), and with `--ready`
 every lane (every model the management API lists) has a worker in state READY and the entry point has warmed
 every lane (its marker, warmed-up.json, stands next to key_file.json: scripts/container/warm.py).
 
@@ -27,6 +28,7 @@ from scripts.container.config import CONTAINER_CONFIG, DEFAULT_ADDRESSES, KEY_DI
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints, token_refused
+from scripts.server.front_door import front_door_addresses, local
 
 TIMEOUT_S = 4.0
 
@@ -57,7 +59,7 @@ def ping_url(address: str) -> str:
 def endpoints_for(config: Path, key_file: Path) -> Endpoints:
     """The container's endpoints on loopback, with its key file (renewing expired keys through /token)."""
     server = ServerConfig.read(config)
-    base = Endpoints.from_config(config, key_file)
+    base = Endpoints.from_config(config, key_file, direct=True)
     return Endpoints(
         inference=local_url(address_of(server, "inference"), ""),
         management=local_url(address_of(server, "management"), ""),
@@ -87,6 +89,12 @@ def check(config: Path, key_file: Path, ready: bool = False, warmed: bool = Fals
     reply = _get(endpoints, "inference", url)
     if reply.status_code != 200 or '"Healthy"' not in reply.text:
         raise ServerError(f"{url}: HTTP {reply.status_code} {' '.join(reply.text.split())[:200]}")
+    door = front_door_addresses(ServerConfig.read(config), os.environ).get("inference")
+    if door is not None:  # clients come in through the front door: it must answer too
+        through = f"http://{local(door)}/ping"
+        reply = _get(endpoints, "inference", through)
+        if reply.status_code != 200 or '"Healthy"' not in reply.text:
+            raise ServerError(f"the front door {through}: HTTP {reply.status_code} {' '.join(reply.text.split())[:200]}")
     if ready:
         check_lanes(endpoints)
     if warmed and not key_file.with_name(WARMED_MARKER).exists():

@@ -396,10 +396,16 @@ def _pids(state: LaneState) -> str:
 
 
 def check(
-    endpoints: Endpoints, max_examples: int, max_time: int | None, lanes: dict[str, str] = LANES, seed: int | None = None
+    endpoints: Endpoints,
+    max_examples: int,
+    max_time: int | None,
+    lanes: dict[str, str] = LANES,
+    seed: int | None = None,
+    described_by: Endpoints | None = None,
 ) -> FuzzReport:
-    """Fetch and repair the description, note the lanes, fuzz, note the lanes again."""
-    raw = fetch_description(endpoints)
+    """Fetch and repair the description (from `described_by`: TorchServe's own listener, where `endpoints` is the
+    front door, which serves no description), note the lanes, fuzz, note the lanes again."""
+    raw = fetch_description(described_by or endpoints)
     before = lane_state(endpoints, lanes)
     seed = seed if seed is not None else random.randrange(2**32)
     run = fuzz(endpoints, repair(raw, lanes), max_examples, max_time, seed)
@@ -414,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     subject.add_options(parser, BUILD / "fuzz.json")
     args = parser.parse_args(argv)
     with subject.subject(args) as server:
-        report = check(server.endpoints, args.max_examples, args.max_time, seed=args.seed)
+        report = check(server.endpoints, args.max_examples, args.max_time, seed=args.seed, described_by=server.torchserve)
     return subject.finish(report, args.report)
 
 

@@ -28,8 +28,13 @@ class Subject:
     """The server under check: its config.properties, and its addresses and tokens (the key_file.json it wrote)."""
 
     config: Path
-    endpoints: Endpoints
+    endpoints: Endpoints  # where clients connect: the front door
     logs: Path  # the logs/ folder the server writes into
+
+    @property
+    def torchserve(self) -> Endpoints:
+        """TorchServe's own listeners, behind the front door."""
+        return Endpoints.from_config(self.config, self.endpoints.key_file, direct=True)
 
 
 class Report(Protocol):
@@ -56,7 +61,8 @@ def subject(args: argparse.Namespace, overrides: dict[str, str] | None = None) -
     from scripts.server.temporary import serving_in
 
     with tempfile.TemporaryDirectory(prefix="torchserve-check-") as folder:
-        with serving_in(Path(folder), {name: MODEL_STORE / name for name in ARCHIVES}, overrides) as server:
+        archives = {name: MODEL_STORE / name for name in ARCHIVES}
+        with serving_in(Path(folder), archives, overrides, front_door=True) as server:
             yield Subject(server.config, server.endpoints, server.workdir / "logs")
 
 

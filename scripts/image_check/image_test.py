@@ -9,7 +9,8 @@
 4. healthy: `podman healthcheck run` (the image's HEALTHCHECK) passes; every process in it is non-root; the entry
    point's warm-up record (/keys/warmed-up.json, which the HEALTHCHECK waits for) names every lane the image
    loads, each answered, after a wrk burst of thousands of requests (wrk is in the image);
-5. answers: the token from the key volume; tests/fixtures/digit_7.png -> label 7; the image's minilm.mar is the
+5. answers, through the image's front door (nginx; a form body refused there with a 415): the token from the key
+   volume; tests/fixtures/digit_7.png -> label 7; the image's minilm.mar is the
    tested model_store/minilm.mar (same sha256), and a sentence's embedding equals the in-process core's within 1e-5;
 6. keys: the container runs with keys that expire after 30 s (its own config with token_expiration_min=0.5,
    mounted); it stays healthy for
@@ -45,9 +46,9 @@ from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
 from scripts.image_check.podman import ContainerError, Podman
 from scripts.jobs.runners import InProcessRunner
 from scripts.layout import BUILD, CONFIG, ROOT
-from scripts.server.config import ServerConfig
+from scripts.server.config import FRONT_DOOR_LISTENERS, ServerConfig
 from scripts.server.endpoints import Endpoints, read_key
-from scripts.server.process import free_ports
+from scripts.server.process import free_port, free_ports
 
 IMAGE = "localhost/unified-serve:test"
 WORK = BUILD / "container"
@@ -90,6 +91,7 @@ class Figures:
     warm_up_failed: int = 0  # of them not answered 200 (keys expiring every 30 s here can refuse some)
     digits_label: int = -1
     digits_score: float = 0.0
+    form_status: int = 0  # the front door's answer to a form body (415)
     embedding_max_difference: float = 0.0
     keys_seen: int = 0  # distinct inference keys in the key file while it stayed healthy past their expiry
     healthy_past_expiry_s: float = 0.0
@@ -134,21 +136,22 @@ def running(podman: Podman) -> Iterator[Container]:
     name = f"unified-serve-test-{os.getpid()}"
     volume = f"{name}-keys"
     ports = free_ports()
+    door = {name: free_port() for name in FRONT_DOOR_LISTENERS}  # where clients connect: the image's front door
     podman.run("volume", "create", volume)
     try:
         keys = Path(podman.inspect("volume", volume)["Mountpoint"])
-        environment = [f"--env={key}={value}" for key, value in listener_environment(ports).items()]
+        environment = [f"--env={key}={value}" for key, value in listener_environment(ports, door).items()]
         config = f"--volume={expiring_config(podman)}:{EXPIRING_CONFIG_IN_IMAGE}:ro"
         options = [f"--name={name}", "--network=host", f"--volume={volume}:{KEY_IN_IMAGE}", config, *environment]
         command = ["/srv/.venv/bin/python", "-m", "scripts.container.entrypoint", "--ts-config", EXPIRING_CONFIG_IN_IMAGE]
         podman.run("run", "--detach", *options, IMAGE, *command, "--key-dir", KEY_IN_IMAGE)
         endpoints = Endpoints(
-            inference=f"http://127.0.0.1:{ports['inference']}",
-            management=f"http://127.0.0.1:{ports['management']}",
-            metrics=f"http://127.0.0.1:{ports['metrics']}",
+            inference=f"http://127.0.0.1:{door['inference']}",
+            management=f"http://127.0.0.1:{door['management']}",
+            metrics=f"http://127.0.0.1:{door['metrics']}",
             grpc_host="127.0.0.1",
-            grpc_inference_port=ports["grpc_inference"],
-            grpc_management_port=ports["grpc_management"],
+            grpc_inference_port=door["grpc_inference"],
+            grpc_management_port=door["grpc_management"],
             key_file=keys / "key_file.json",
         )
         yield Container(name, keys, endpoints)
@@ -215,6 +218,16 @@ def check_digit(endpoints: Endpoints, figures: Figures) -> None:
     if reply.status_code != 200 or body.get("label") != 7:
         raise ImageTestError(f"{DIGIT.name}: expected label 7, got HTTP {reply.status_code} {body}")
     figures.digits_label, figures.digits_score = body["label"], max(body["scores"])
+
+
+def check_front_door(endpoints: Endpoints, figures: Figures) -> None:
+    """Clients meet the image's front door (nginx): a form body is refused there, before TorchServe's frontend."""
+    reply = predict(endpoints, "digits-bulk", b"a=&" * 1000, "application/x-www-form-urlencoded", timeout=60)
+    figures.form_status = reply.status_code
+    if reply.status_code != 415 or reply.json().get("type") != "UnsupportedMediaType":
+        raise ImageTestError(
+            f"a form body through the image's front door: expected 415, got HTTP {reply.status_code} {reply.text[:300]}"
+        )
 
 
 def check_embedding(podman: Podman, container: Container, figures: Figures) -> None:
@@ -294,6 +307,7 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
             check_warmed(container, figures)
             print(f"warmed with {figures.warm_up_requests:,} requests ({figures.warm_up_failed} failed)", flush=True)
             check_digit(container.endpoints, figures)
+            check_front_door(container.endpoints, figures)
             check_embedding(podman, container, figures)
             survive_key_expiry(podman, container, figures)
             print(f"healthy {figures.healthy_past_expiry_s:.0f}s past key expiry ({figures.keys_seen} keys)", flush=True)

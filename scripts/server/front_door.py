@@ -27,8 +27,10 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ import yaml
 
 from handlers.settings import HandlerSettings
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.errors import ConfigError, ServerError
 from scripts.layout import BUILD, ROOT
 from scripts.server.config import BULK_SUFFIX, FRONT_DOOR_KEY, FRONT_DOOR_LISTENERS, ServerConfig
@@ -97,13 +100,17 @@ def bulk_admitted(config: ServerConfig, lane: str) -> int:
     return settings.workers * settings.batch_size + BULK_CLIENT_CHUNKS
 
 
-def archive_yaml(archive: str) -> dict:
-    """The model-config.yaml an archive of config.properties is built from (models/<archive stem>/)."""
+def archive_yaml(archive: str, config: ServerConfig | None = None) -> dict:
+    """The model-config.yaml a lane of `config` runs with: the archive's own where the model store holds it (the
+    image carries no models/ folder), else the one it is built from (models/<archive stem>/)."""
+    built = config.model_store / archive if config is not None else None
+    if built is not None and built.is_file():
+        return MarFile(built).model_config()
     return yaml.safe_load((ROOT / "models" / Path(archive).stem / "model-config.yaml").read_text())
 
 
 def lane_body_bytes(config: ServerConfig, lane: str, archive: str) -> int:
-    return HandlerSettings.from_yaml(archive_yaml(archive), lane).bytes_for(lane) or config.max_request_size
+    return HandlerSettings.from_yaml(archive_yaml(archive, config), lane).bytes_for(lane) or config.max_request_size
 
 
 def lane_rules(config: ServerConfig) -> list[LaneRule]:
@@ -115,25 +122,39 @@ def lane_rules(config: ServerConfig) -> list[LaneRule]:
     ]
 
 
-def front_door_addresses(config: ServerConfig) -> dict[str, str]:
-    """{listener: host:port} clients connect to (config.properties' front_door_*_address); {} for none."""
+def _environment(config: ServerConfig, environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The variables that move listeners, where the config lets them (enable_envvars_config=true, the image's)."""
+    if environ is None or config.get("enable_envvars_config", "false").lower() != "true":
+        return {}
+    return environ
+
+
+def front_door_addresses(config: ServerConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{listener: host:port} clients connect to (config.properties' front_door_*_address, which
+    FRONT_DOOR_<LISTENER>_ADDRESS in `environ` replaces where the config enables variables); {} for none."""
+    moved = _environment(config, environ)
     found = {}
     for name in FRONT_DOOR_LISTENERS:
-        value = config.properties.get(FRONT_DOOR_KEY.format(name))
+        value = moved.get(f"FRONT_DOOR_{name.upper()}_ADDRESS") or config.properties.get(FRONT_DOOR_KEY.format(name))
         if value:
             found[name] = value.split("://", 1)[-1]
     return found
 
 
-def torchserve_addresses(config: ServerConfig) -> dict[str, str]:
-    """{listener: host:port} of TorchServe's own listeners."""
-    grpc_host = config.get("grpc_inference_address", "127.0.0.1")
+def torchserve_addresses(config: ServerConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{listener: host:port} of TorchServe's own listeners, as TorchServe reads them (TS_* variables included)."""
+    moved = _environment(config, environ)
+
+    def setting(key: str, default: str) -> str:
+        return moved.get(f"TS_{key.upper()}") or config.get(key, default)
+
+    grpc_host = setting("grpc_inference_address", "127.0.0.1")
     return {
-        "inference": config.get("inference_address", "http://127.0.0.1:8080").split("://", 1)[-1],
-        "management": config.get("management_address", "http://127.0.0.1:8081").split("://", 1)[-1],
-        "metrics": config.get("metrics_address", "http://127.0.0.1:8082").split("://", 1)[-1],
-        "grpc_inference": f"{grpc_host}:{config.get('grpc_inference_port', '7070')}",
-        "grpc_management": f"{config.get('grpc_management_address', grpc_host)}:{config.get('grpc_management_port', '7071')}",
+        "inference": setting("inference_address", "http://127.0.0.1:8080").split("://", 1)[-1],
+        "management": setting("management_address", "http://127.0.0.1:8081").split("://", 1)[-1],
+        "metrics": setting("metrics_address", "http://127.0.0.1:8082").split("://", 1)[-1],
+        "grpc_inference": f"{grpc_host}:{setting('grpc_inference_port', '7070')}",
+        "grpc_management": f"{setting('grpc_management_address', grpc_host)}:{setting('grpc_management_port', '7071')}",
     }
 
 
@@ -448,6 +469,12 @@ def _grpc_server(name: str, address: str, body_bytes: int) -> str:
 """
 
 
+def local(address: str) -> str:
+    """host:port to connect to: loopback for a listener on every interface."""
+    host, _, port = address.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "", "[::]") else address
+
+
 def nginx_binary() -> Path:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if found is None:
@@ -469,14 +496,14 @@ class FrontDoor:
 
     def write(self) -> Path:
         config = ServerConfig.read(self.config)
-        listen = front_door_addresses(config)
+        listen = front_door_addresses(config, os.environ)
         if not listen:
             raise ConfigError(f"{self.config} names no front door: add front_door_inference_address=http://host:port")
         self.folder.mkdir(parents=True, exist_ok=True)
         # Descriptors per worker: what this process may give it (raising the hard limit needs a privilege).
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         nofile = NOFILE if hard == resource.RLIM_INFINITY else min(NOFILE, hard)
-        self.conf.write_text(render(config, listen, torchserve_addresses(config), nofile=nofile))
+        self.conf.write_text(render(config, listen, torchserve_addresses(config, os.environ), nofile=nofile))
         return self.conf
 
     def _command(self, *extra: str, daemon: bool = False) -> list[str]:
@@ -502,7 +529,7 @@ class FrontDoor:
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        address = front_door_addresses(ServerConfig.read(self.config))["inference"]
+        address = local(front_door_addresses(ServerConfig.read(self.config), os.environ)["inference"])
         deadline = time.monotonic() + timeout
         while True:
             if self.process is not None and self.process.poll() is not None:
@@ -518,9 +545,18 @@ class FrontDoor:
                 )
             time.sleep(0.1)
 
-    def stop(self) -> None:
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """nginx's graceful quit (SIGQUIT: no new connections, requests in flight answered), SIGKILL after `timeout`."""
         if self.process is not None:
-            stop_process_group(self.process, timeout=10)
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGQUIT)
+                try:
+                    self.process.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    stop_process_group(self.process, timeout=1.0)
             self.process = None
         elif (self.folder / "nginx.pid").exists():
             subprocess.run(self._command("-s", "quit"), check=False, capture_output=True)

@@ -33,18 +33,14 @@ def start_server(
         yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 
+# The session's servers stand behind the front door, as `make serve`'s does: their endpoints are the front door's,
+# `server.torchserve_endpoints` TorchServe's own.
 @pytest.fixture(scope="session")
 def digits_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], only_lanes_of("digits.mar"))
+    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], only_lanes_of("digits.mar"), front_door=True)
 
 
 @pytest.fixture(scope="session")
 def minilm_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve-minilm"), ["minilm.mar"], only_lanes_of("minilm.mar"))
-
-
-@pytest.fixture(scope="session")
-def front_door_server(tmp_path_factory):
-    """The digits lanes behind the front door (nginx, scripts/server/front_door.py): its endpoints are the front
-    door's; `server.torchserve_endpoints` are TorchServe's own."""
-    yield from start_server(tmp_path_factory.mktemp("front-door"), ["digits.mar"], only_lanes_of("digits.mar"), front_door=True)
+    workdir = tmp_path_factory.mktemp("torchserve-minilm")
+    yield from start_server(workdir, ["minilm.mar"], only_lanes_of("minilm.mar"), front_door=True)

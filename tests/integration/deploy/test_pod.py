@@ -92,7 +92,8 @@ def gateway(digits_server, tmp_path):
     port = free_port()
     conf = (K8S / "gateway" / "nginx.conf").read_text()
     conf = conf.replace("/usr/lib/nginx/modules/", f"{modules}/")
-    conf = conf.replace("server 127.0.0.1:8080;", f"server {digits_server.endpoints.inference.split('//', 1)[1]};")
+    upstream = digits_server.server.torchserve_endpoints.inference.split("//", 1)[1]
+    conf = conf.replace("server 127.0.0.1:8080;", f"server {upstream};")
     conf = conf.replace("listen 8000 reuseport;", f"listen 127.0.0.1:{port};")
     (tmp_path / "nginx.conf").write_text(conf)
     shutil.copy(K8S / "gateway" / "gateway.js", tmp_path / "gateway.js")

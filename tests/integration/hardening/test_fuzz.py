@@ -25,8 +25,7 @@ def lanes(model: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("server, model", MODELS)
 def test_torchserve_description_is_repaired_into_one_valid_operation_per_lane(server, model, request):
-    endpoints = request.getfixturevalue(server).endpoints
-    raw = fuzz.fetch_description(endpoints)
+    raw = fuzz.fetch_description(request.getfixturevalue(server).server.torchserve_endpoints)
     # What TorchServe 0.12 gets wrong, as problems() names it; the repair fixes each.
     assert "operationId 'predictions' is used by 3 operations (it must be unique)" in fuzz.problems(raw)
     assert f"POST {fuzz.PREDICTIONS}: request body is any bytes of any type (*/*)" in fuzz.problems(raw)
@@ -45,8 +44,15 @@ def test_torchserve_description_is_repaired_into_one_valid_operation_per_lane(se
 
 @pytest.mark.parametrize("server, model", MODELS)
 def test_fuzzing_finds_no_server_error_and_leaves_every_lane_answering(server, model, request):
-    endpoints = request.getfixturevalue(server).endpoints
-    report = fuzz.check(endpoints, max_examples=50, max_time=FUZZ_SECONDS, lanes=lanes(model), seed=FUZZ_SEED)
+    running = request.getfixturevalue(server)
+    report = fuzz.check(
+        running.endpoints,
+        max_examples=50,
+        max_time=FUZZ_SECONDS,
+        lanes=lanes(model),
+        seed=FUZZ_SEED,
+        described_by=running.server.torchserve_endpoints,
+    )
     print(report.text())
     assert report.failures == [], report.text()
     run = report.run

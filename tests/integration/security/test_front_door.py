@@ -79,9 +79,9 @@ def predict_png(e, lane: str = "digits") -> requests.Response:
     )
 
 
-def test_a_32_mib_form_body_is_refused_at_once_and_the_frontend_never_sees_it(front_door_server):
-    e = front_door_server.endpoints
-    before = frontend_rss(front_door_server)
+def test_a_32_mib_form_body_is_refused_at_once_and_the_frontend_never_sees_it(digits_server):
+    e = digits_server.endpoints
+    before = frontend_rss(digits_server)
     form = b"a=&" * (32 * MIB // 3)
     started = time.monotonic()
     refused = requests.post(
@@ -99,12 +99,12 @@ def test_a_32_mib_form_body_is_refused_at_once_and_the_frontend_never_sees_it(fr
     )
     assert multipart.status_code == 415 and multipart.json()["type"] == "UnsupportedMediaType"
     assert predict_png(e).json()["label"] == 7
-    assert frontend_rss(front_door_server) - before < 32 * MIB
+    assert frontend_rss(digits_server) - before < 32 * MIB
 
 
-def test_sixteen_concurrent_2_mib_form_bodies_are_each_refused_within_a_second(front_door_server):
-    e = front_door_server.endpoints
-    before = frontend_rss(front_door_server)
+def test_sixteen_concurrent_2_mib_form_bodies_are_each_refused_within_a_second(digits_server):
+    e = digits_server.endpoints
+    before = frontend_rss(digits_server)
     form = b"a=&" * (2 * MIB // 3)
     headers = {**e.auth("inference"), "Content-Type": "application/x-www-form-urlencoded"}
 
@@ -117,7 +117,7 @@ def test_sixteen_concurrent_2_mib_form_bodies_are_each_refused_within_a_second(f
         answers = list(pool.map(send, range(16)))
     assert [status for status, _ in answers] == [415] * 16
     assert max(took for _, took in answers) < 1.0, answers
-    assert frontend_rss(front_door_server) - before < 32 * MIB
+    assert frontend_rss(digits_server) - before < 32 * MIB
 
 
 HEAD = b"POST /predictions/digits HTTP/1.1\r\nHost: front-door\r\nAuthorization: Bearer {token}\r\n"
@@ -131,8 +131,8 @@ ATTEMPTS = {
 
 
 @pytest.mark.parametrize("attempt", ATTEMPTS)
-def test_a_smuggling_attempt_is_refused_by_the_front_door(front_door_server, attempt):
-    e = front_door_server.endpoints
+def test_a_smuggling_attempt_is_refused_by_the_front_door(digits_server, attempt):
+    e = digits_server.endpoints
     head = HEAD.replace(b"{token}", e.token("inference").encode())
     answer = raw(e.inference, head + ATTEMPTS[attempt])
     assert status_of(answer) == 400, answer[:300]
@@ -140,10 +140,10 @@ def test_a_smuggling_attempt_is_refused_by_the_front_door(front_door_server, att
     assert predict_png(e).json()["label"] == 7  # nothing was left on a connection to TorchServe
 
 
-def test_a_chunked_body_with_extensions_reaches_the_lane_re_encoded(front_door_server):
+def test_a_chunked_body_with_extensions_reaches_the_lane_re_encoded(digits_server):
     """Chunk extensions (well-formed, or ended by a bare LF as in netty's CVE-2025-58056) end at the front door:
     TorchServe gets the body it parsed, framed by Content-Length, and answers exactly that body."""
-    e = front_door_server.endpoints
+    e = digits_server.endpoints
     body = json.dumps(ONE_ROW).encode()
     chunked = b"".join(f"{len(part):x};ext=1\r\n".encode() + part + b"\r\n" for part in (body[:10], body[10:])) + b"0\r\n\r\n"
     head = (
@@ -168,8 +168,8 @@ def test_a_chunked_body_with_extensions_reaches_the_lane_re_encoded(front_door_s
         ("application/x-npy", None),
     ],
 )
-def test_the_payload_contracts_content_types_reach_the_lane(front_door_server, content_type, body):
-    e = front_door_server.endpoints
+def test_the_payload_contracts_content_types_reach_the_lane(digits_server, content_type, body):
+    e = digits_server.endpoints
     if body is None:
         buffer = io.BytesIO()
         np.save(buffer, np.zeros((2, 64), dtype=np.uint8), allow_pickle=False)
@@ -184,8 +184,8 @@ def test_the_payload_contracts_content_types_reach_the_lane(front_door_server, c
 @pytest.mark.parametrize(
     "content_type", ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml", "text/html"]
 )
-def test_other_content_types_are_refused_naming_the_accepted_ones(front_door_server, content_type):
-    e = front_door_server.endpoints
+def test_other_content_types_are_refused_naming_the_accepted_ones(digits_server, content_type):
+    e = digits_server.endpoints
     reply = requests.post(
         e.prediction_url("digits"), data=b"a=1", headers={**e.auth("inference"), "Content-Type": content_type}, timeout=10
     )
@@ -193,8 +193,8 @@ def test_other_content_types_are_refused_naming_the_accepted_ones(front_door_ser
     assert "send one of application/json, application/x-npy, image/*, text/plain" in reply.json()["message"]
 
 
-def test_routes_sizes_and_heads_are_bounded_with_an_answer_naming_the_limit(front_door_server):
-    e = front_door_server.endpoints
+def test_routes_sizes_and_heads_are_bounded_with_an_answer_naming_the_limit(digits_server):
+    e = digits_server.endpoints
     auth = e.auth("inference")
     too_large = requests.post(
         e.prediction_url("digits"), data=b"\0" * (3 * MIB), headers={**auth, "Content-Type": "image/png"}, timeout=10
@@ -212,9 +212,9 @@ def test_routes_sizes_and_heads_are_bounded_with_an_answer_naming_the_limit(fron
     assert (ping.status_code, ping.json()["status"]) == (200, "Healthy")
 
 
-def test_management_metrics_and_grpc_are_behind_the_front_door_with_their_own_rules(front_door_server):
-    e = front_door_server.endpoints
-    direct = front_door_server.server.torchserve_endpoints
+def test_management_metrics_and_grpc_are_behind_the_front_door_with_their_own_rules(digits_server):
+    e = digits_server.endpoints
+    direct = digits_server.server.torchserve_endpoints
     assert e.inference != direct.inference and e.grpc_inference_port != direct.grpc_inference_port
     models = requests.get(f"{e.management}/models", headers=e.auth("management"), timeout=10)
     assert {m["modelName"] for m in models.json()["models"]} == {"digits", "digits-bulk"}
@@ -260,11 +260,11 @@ HOLDER = textwrap.dedent(
 )
 
 
-def test_tens_of_thousands_of_half_open_connections_leave_a_real_client_served(front_door_server):
+def test_tens_of_thousands_of_half_open_connections_leave_a_real_client_served(digits_server):
     """Two processes (each within its descriptor limit, from its own loopback address: one address has 28k ports)
     hold 30,000 connections that sent half a request head; a real client is served within a second, and the
     front door drops the half-open ones after its header timeout."""
-    e = front_door_server.endpoints
+    e = digits_server.endpoints
     host, port = address(e.inference)
     holders = [
         subprocess.Popen(
@@ -315,13 +315,13 @@ def latencies(e, count: int) -> list[float]:
     return out
 
 
-def test_stream_traffic_beside_a_form_flood_keeps_its_latency(front_door_server, tmp_path):
+def test_stream_traffic_beside_a_form_flood_keeps_its_latency(digits_server, tmp_path):
     """wrk floods the stream lane with 2 MiB form bodies on 16 connections while one client sends PNGs: every
     PNG is answered 200, within a second, its median within milliseconds of its median alone."""
     wrk = shutil.which("wrk")
     if wrk is None:
         pytest.fail("wrk not found: apt-get install wrk (system-packages.sh test)")
-    e = front_door_server.endpoints
+    e = digits_server.endpoints
     alone = latencies(e, 200)
     script = tmp_path / "flood.lua"
     script.write_text(FLOOD + f'wrk.headers["Authorization"] = "Bearer {e.token("inference")}"\n')

@@ -25,6 +25,10 @@ def test_config_properties_binds_every_address_to_127_0_0_1():
     hosts = {key: urlsplit(config.properties[key]).hostname for key in HTTP_ADDRESSES}
     hosts |= {key: config.properties[key] for key in GRPC_ADDRESSES}
     assert hosts == dict.fromkeys(HTTP_ADDRESSES + GRPC_ADDRESSES, "127.0.0.1")
+    for key in (
+        f"front_door_{name}_address" for name in ("inference", "management", "metrics", "grpc_inference", "grpc_management")
+    ):
+        assert config.properties[key].startswith("127.0.0.1:"), key
     endpoints = Endpoints.from_config()
     assert endpoints.grpc_host == "127.0.0.1"
     assert all(urlsplit(url).hostname == "127.0.0.1" for url in (endpoints.inference, endpoints.management, endpoints.metrics))
@@ -42,7 +46,7 @@ def test_the_running_server_listens_on_loopback_only(digits_server):
         if socket.status == psutil.CONN_LISTEN or socket.type == psutil.socket.SOCK_DGRAM
     ]
     assert [entry for entry in listening if not is_loopback(entry[1].ip)] == []
-    e = digits_server.endpoints
+    e = digits_server.server.torchserve_endpoints
     configured = {urlsplit(url).port for url in (e.inference, e.management, e.metrics)}
     configured |= {e.grpc_inference_port, e.grpc_management_port}
     assert {address.port for name, address in listening if name == "java"} == configured

@@ -15,6 +15,7 @@ from scripts.container.healthcheck import inference_address, ping_url
 from scripts.image_check.pip_settings import PipSettings, named_paths, parse_config_list
 from scripts.layout import CONFIG, ROOT
 from scripts.server.config import ServerConfig
+from scripts.server.front_door import front_door_addresses, torchserve_addresses
 from scripts.server.process import BIN
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -63,15 +64,19 @@ def test_dockerfile_runs_the_server_as_a_non_root_user_under_tini_with_the_key_v
     assert "scripts.container.healthcheck" in dict(steps)["HEALTHCHECK"]
 
 
-def test_container_config_listens_on_all_interfaces_and_the_repository_config_stays_on_loopback(tmp_path):
+def test_container_config_puts_the_front_door_on_all_interfaces_and_torchserve_on_loopback(tmp_path):
     repository = ServerConfig.read(CONFIG)
     container = ServerConfig.read(render_container_config(tmp_path / "config.container.properties"))
-    assert container.get("inference_address", "") == f"http://0.0.0.0:{ports_of(repository)['inference']}"
-    assert container.get("management_address", "") == f"http://0.0.0.0:{ports_of(repository)['management']}"
-    assert container.get("grpc_inference_address", "") == "0.0.0.0"
+    assert container.get("inference_address", "") == f"http://127.0.0.1:{ports_of(repository)['inference']}"
+    assert container.get("management_address", "") == f"http://127.0.0.1:{ports_of(repository)['management']}"
+    assert container.get("grpc_inference_address", "") == "127.0.0.1"
     assert ports_of(container) == ports_of(repository)
+    door = front_door_addresses(container)
+    assert door == {name: "0.0.0.0:" + address.rpartition(":")[2] for name, address in front_door_addresses(repository).items()}
+    assert door["inference"] == "0.0.0.0:8080"  # the image's EXPOSEd ports are the front door's
+    assert "EXPOSE 8080 8081 8082 7070 7071" in (ROOT / "Dockerfile").read_text()
     assert repository.get("inference_address", "").startswith("http://127.0.0.1:")
-    assert repository.get("grpc_inference_address", "") == "127.0.0.1"
+    assert all(address.startswith("127.0.0.1:") for address in front_door_addresses(repository).values())
     # Token authorization stays on; paths are absolute because the server starts in the key volume.
     assert container.get("disable_token_authorization", "") == "false"
     assert container.get("enable_envvars_config", "") == "true"
@@ -79,16 +84,24 @@ def test_container_config_listens_on_all_interfaces_and_the_repository_config_st
     assert container.lanes() == repository.lanes()
 
 
-def test_listener_environment_moves_every_listener_and_the_health_check_follows():
+def test_listener_environment_moves_every_listener_and_the_health_check_follows(tmp_path):
     ports = {"inference": 40001, "management": 40002, "metrics": 40003, "grpc_inference": 40004, "grpc_management": 40005}
-    environment = listener_environment({**ports, "workers": 40006})
+    door = {"inference": 41001, "management": 41002, "metrics": 41003, "grpc_inference": 41004, "grpc_management": 41005}
+    environment = listener_environment({**ports, "workers": 40006}, door)
     assert environment["TS_INFERENCE_ADDRESS"] == "http://127.0.0.1:40001"
     assert environment["TS_GRPC_MANAGEMENT_PORT"] == "40005" and environment["TS_INITIAL_WORKER_PORT"] == "40006"
+    assert environment["FRONT_DOOR_INFERENCE_ADDRESS"] == "127.0.0.1:41001"
     config = ServerConfig(Path("c"), {"inference_address": "http://0.0.0.0:8080", "enable_envvars_config": "true"})
     assert ping_url(inference_address(config, environment)) == "http://127.0.0.1:40001/ping"
     assert ping_url(inference_address(config, {})) == "http://127.0.0.1:8080/ping"
     ignored = ServerConfig(Path("c"), {"inference_address": "http://0.0.0.0:8080"})
     assert inference_address(ignored, environment) == "http://0.0.0.0:8080"  # as TorchServe: variables off
+    # The front door follows the same variables: its listeners and the TorchServe it forwards to.
+    container = ServerConfig.read(render_container_config(tmp_path / "config.container.properties"))
+    assert front_door_addresses(container, environment) == {name: f"127.0.0.1:{port}" for name, port in door.items()}
+    assert torchserve_addresses(container, environment)["inference"] == "127.0.0.1:40001"
+    assert torchserve_addresses(container, environment)["grpc_management"] == "127.0.0.1:40005"
+    assert front_door_addresses(ignored, environment) == {}
 
 
 def test_pip_settings_merge_like_pip_install_and_name_local_paths(tmp_path):
