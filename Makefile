@@ -193,6 +193,7 @@ PEERS ?= flask litserve ray bentoml pytriton
 bench: archive
 	@command -v wrk >/dev/null || { echo "make bench needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream
+	$(PY) -m scripts.bench.front_door
 	$(PY) -m scripts.bench.batch
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }

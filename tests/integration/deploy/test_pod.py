@@ -162,10 +162,11 @@ def test_a_stream_body_over_its_lanes_byte_limit_is_refused_by_the_gateway_and_b
     client = {"Authorization": f"Bearer {CLIENT_TOKEN}", "Content-Type": "application/json"}
     cut = requests.post(f"{gateway}/predictions/digits", data=body, headers=client, timeout=60)
     assert cut.status_code == 413
+    torchserve = digits_server.server.torchserve_endpoints
     direct = requests.post(
-        digits_server.endpoints.prediction_url("digits"),
+        torchserve.prediction_url("digits"),
         data=body,
-        headers={**digits_server.endpoints.auth("inference"), "Content-Type": "application/json"},
+        headers={**torchserve.auth("inference"), "Content-Type": "application/json"},
         timeout=60,
     )
     assert direct.status_code == 413

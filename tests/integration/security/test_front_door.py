@@ -93,6 +93,7 @@ def test_a_32_mib_form_body_is_refused_at_once_and_the_frontend_never_sees_it(di
     took = time.monotonic() - started
     assert refused.status_code == 415, refused.text
     assert refused.json()["type"] == "UnsupportedMediaType" and "application/x-npy" in refused.json()["message"]
+    assert "lane digits-bulk" in refused.json()["message"]
     assert took < 1.0, f"{took:.2f}s"
     multipart = requests.post(
         e.prediction_url("digits"), files={"data": ("digit.png", PNG.read_bytes(), "image/png")}, headers=e.auth("inference")
@@ -190,7 +191,8 @@ def test_other_content_types_are_refused_naming_the_accepted_ones(digits_server,
         e.prediction_url("digits"), data=b"a=1", headers={**e.auth("inference"), "Content-Type": content_type}, timeout=10
     )
     assert reply.status_code == 415
-    assert "send one of application/json, application/x-npy, image/*, text/plain" in reply.json()["message"]
+    accepted = "application/json, application/*+json, application/x-npy, image/*, application/octet-stream"
+    assert f"not accepted by lane digits: send one of {accepted}" in reply.json()["message"]
 
 
 def test_routes_sizes_and_heads_are_bounded_with_an_answer_naming_the_limit(digits_server):

@@ -108,8 +108,14 @@ CASES = [
     ),
     Case("too many rows for minilm", "minilm", body(rows(33)), 413, "lane minilm takes at most 32 rows per request"),
     Case("too many rows for minilm-bulk", "minilm-bulk", body(rows(1025)), 413, "split it into requests of at most 1024 rows"),
-    # -- answered by TorchServe's frontend before the handler
-    Case("body over max_request_size", "digits", body(OVER_MAX_REQUEST_SIZE), "CANCELLED", "RST_STREAM"),
+    # -- answered by the front door (the body) and TorchServe's frontend (the model) before the handler
+    Case(
+        "body over max_request_size",
+        "digits",
+        body(OVER_MAX_REQUEST_SIZE),
+        "UNAVAILABLE",
+        "a message over 67108864 bytes is refused",
+    ),
     Case("unknown model", "nope", body(b"x"), "INTERNAL", "Model not found: nope"),
 ]
 

@@ -94,14 +94,14 @@ def curl(endpoints, text: str, *headers: str) -> tuple[int, dict]:
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-def test_curl_with_a_text_content_type_gets_a_unit_vector_and_without_one_a_400_saying_why(minilm_server):
+def test_curl_with_a_text_content_type_gets_a_unit_vector_and_without_one_a_415_saying_why(minilm_server):
     status, body = curl(minilm_server.endpoints, "a sentence", "Content-Type: text/plain")
     assert status == 200 and len(body["embedding"]) == 384 and body["truncated"] is False
     assert np.linalg.norm(body["embedding"]) == pytest.approx(1.0, abs=1e-5)
     assert cosines([body["embedding"]], reference_embeddings(["a sentence"]))[0] >= 0.9999
-    # curl's default is application/x-www-form-urlencoded: TorchServe drops the text before the handler.
+    # curl's default is application/x-www-form-urlencoded: the front door refuses it, naming what the lane reads.
     status, body = curl(minilm_server.endpoints, "a sentence")
-    assert status == 400 and "Content-Type: text/plain" in body["message"]
+    assert status == 415 and "text/*" in body["message"] and body["type"] == "UnsupportedMediaType"
 
 
 def test_each_lane_runs_with_its_own_batching(minilm_server):

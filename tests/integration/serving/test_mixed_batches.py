@@ -3,7 +3,8 @@ its own 4xx naming the problem, the good ones their correct answers (digit label
 embeddings) equal to the in-process core's within 1e-5, and the worker stays the same process.
 
 A lane registered for this module batches them: batchSize 32 and maxBatchDelay 1000 ms, so requests sent
-together reach the handler in one call (X-Batch-Requests says how many it held).
+together reach the handler in one call (X-Batch-Requests says how many it held). They go to TorchServe's own
+listener: the front door serves only the configured lanes and refuses forms before any batch (test_front_door.py).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ MINILM_BAD = [
 def mixed_lane(server, archive: str):
     """`<model>-mixed`: `archive` registered with batching that holds concurrent requests together."""
     lane = archive.removesuffix(".mar") + "-mixed"
-    api = ManagementApi(server.endpoints)
+    api = ManagementApi(server.server.torchserve_endpoints)
     api.register(lane, server.model_store / archive, MIXED)
     try:
         yield lane
@@ -114,9 +115,11 @@ def interleave(good: list, bad: list) -> list:
 def send_mixed(server, lane: str, good: list[tuple[bytes, str]], bad: list[Bad]):
     """Every request at once; (answers to the good ones in order, answers to the bad ones in order)."""
     items = interleave([("good", body, media) for body, media in good], [("bad", b.body, b.media) for b in bad])
-    pids = [state.worker_pids for state in ManagementApi(server.endpoints).versions(lane)]
-    answers = send_concurrently(server.endpoints, lane, [i[1] for i in items], [i[2] for i in items], clients=len(items))
-    assert [state.worker_pids for state in ManagementApi(server.endpoints).versions(lane)] == pids
+    pids = [state.worker_pids for state in ManagementApi(server.server.torchserve_endpoints).versions(lane)]
+    answers = send_concurrently(
+        server.server.torchserve_endpoints, lane, [i[1] for i in items], [i[2] for i in items], clients=len(items)
+    )
+    assert [state.worker_pids for state in ManagementApi(server.server.torchserve_endpoints).versions(lane)] == pids
     assert all(answer.batch_requests > 1 for answer in answers), [answer.batch_requests for answer in answers]
     good_answers = [answer for item, answer in zip(items, answers, strict=True) if item[0] == "good"]
     bad_answers = [answer for item, answer in zip(items, answers, strict=True) if item[0] == "bad"]

@@ -14,7 +14,9 @@ from scripts.server.front_door import (
     Gateway,
     bulk_admitted,
     front_door_addresses,
+    _refused_variable,
     lane_body_bytes,
+    lane_media,
     lane_rules,
     nginx_binary,
     render,
@@ -51,7 +53,7 @@ def test_every_lane_has_its_route_with_its_own_byte_limit_and_the_bulk_lanes_the
     for lane, archive in config.loaded_lanes().items():
         body = found[lane]
         assert f"client_max_body_size {lane_body_bytes(config, lane, archive)};" in body
-        assert "if ($refused_type)" in body and "return 415" in body
+        assert f"if (${_refused_variable(lane_media(config, lane, archive))})" in body and "return 415" in body
         if lane.endswith("-bulk"):
             assert f"limit_conn bulk {bulk_admitted(config, lane)};" in body
         else:
@@ -64,20 +66,27 @@ def test_every_lane_has_its_route_with_its_own_byte_limit_and_the_bulk_lanes_the
     assert [rule.admitted is None for rule in lane_rules(config)] == [not lane.endswith("-bulk") for lane in config.lanes()]
 
 
-def test_forms_and_multipart_are_refused_and_the_contracts_types_pass(config):
+def accepted_by(text: str, media: tuple[str, ...]):
+    refused_map = re.search(rf"map \$content_type \${_refused_variable(media)} \{{(.*?)\}}", text, re.DOTALL).group(1)
+    patterns = [re.compile(p.replace("\\\\", "\\"), re.IGNORECASE) for p in re.findall(r'"~\*(.*?)" 0;', refused_map)]
+    return lambda content_type: content_type == "" or any(p.search(content_type) for p in patterns)
+
+
+def test_each_lane_takes_the_contracts_types_and_its_tasks_raw_bodies_and_no_form(config):
     text = render(config, front_door_addresses(config), torchserve_addresses(config))
-    refused_map = re.search(r"map \$content_type \$refused_type \{(.*?)\}", text, re.DOTALL).group(1)
-    patterns = [re.compile(p, re.IGNORECASE) for p in re.findall(r'"~\*(.*?)" 0;', refused_map)]
-
-    def accepted(content_type: str) -> bool:
-        return content_type == "" or any(p.search(content_type) for p in patterns)
-
-    for ok in ("application/json", "application/json; charset=utf-8", "image/png", "image/jpeg", "text/plain",
-               "application/x-npy", "application/octet-stream", ""):  # fmt: skip
-        assert accepted(ok), ok
+    digits, minilm = (
+        accepted_by(text, lane_media(config, "digits", "digits.mar")),
+        accepted_by(text, lane_media(config, "minilm", "minilm.mar")),
+    )
+    common = ("application/json", "application/json; charset=utf-8", "application/vnd.instances+json", "application/x-npy",
+              "application/octet-stream", "")  # fmt: skip
+    for ok in common:
+        assert digits(ok) and minilm(ok), ok
+    assert digits("image/png") and digits("image/jpeg") and not digits("text/plain")
+    assert minilm("text/plain; charset=utf-8") and not minilm("image/png")
     for refused in ("application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/jsonp",
-                    "text/html", "application/xml", "application/json, application/x-www-form-urlencoded"):  # fmt: skip
-        assert not accepted(refused), refused
+                    "text/html, application/x-www-form-urlencoded", "application/xml"):  # fmt: skip
+        assert not digits(refused) and not (minilm(refused) and not refused.startswith("text/")), refused
 
 
 def test_each_listener_is_served_and_grpc_speaks_http2(config):
