@@ -492,7 +492,8 @@ GRPC_ERRORS = {
     502: (
         14,
         "UNAVAILABLE",
-        "TorchServe refused the call or did not answer: a message over {body_bytes} bytes is refused so, else it may be starting or stopped",
+        "TorchServe refused the call or did not answer: a message over {body_bytes} bytes is refused so, "
+        "else it may be starting or stopped",
     ),
     504: (4, "DEADLINE_EXCEEDED", f"TorchServe did not answer within {UPSTREAM_TIMEOUT_S} s"),
 }
