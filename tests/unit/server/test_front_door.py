@@ -12,9 +12,9 @@ from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 from scripts.server.front_door import (
     Gateway,
+    _refused_variable,
     bulk_admitted,
     front_door_addresses,
-    _refused_variable,
     lane_body_bytes,
     lane_media,
     lane_rules,
