@@ -574,7 +574,11 @@ class FrontDoor:
         if checked.returncode != 0:
             raise ServerError(f"nginx refused {self.conf}: {checked.stderr.strip()}")
         if daemon:
-            subprocess.run(self._command(daemon=True), check=True, stdin=subprocess.DEVNULL)
+            # It outlives us: it must not hold our stdout (a pipe would never close).
+            with open(self.folder / "nginx.out", "ab") as log:
+                subprocess.run(
+                    self._command(daemon=True), check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
         else:
             with open(self.folder / "nginx.out", "ab") as log:
                 self.process = subprocess.Popen(

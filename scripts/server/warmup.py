@@ -28,6 +28,7 @@ import requests
 from scripts.layout import JSON
 from scripts.server.config import BULK_SUFFIX
 from scripts.server.endpoints import Endpoints, token_refused
+from scripts.server.front_door import BULK_CLIENT_CHUNKS
 from scripts.wrk.driver import Target, closed_loop
 
 SENTENCE = "A warm-up sentence for the text lanes."
@@ -122,7 +123,13 @@ def warm_up(endpoints: Endpoints, lanes: list[str], seconds: float = 4.0, burst_
             print("warm-up: wrk is not installed, so the JVM's JIT is not paid before readiness (system-packages.sh test)")
         else:
             warmed.append(jit)
-    warmed += [warm_lane(endpoints, lane, seconds / 10 if lane.endswith(BULK_SUFFIX) else seconds) for lane in lanes]
+    # A bulk lane as a batch job loads it: its chunks at once, which the front door always admits.
+    warmed += [
+        warm_lane(endpoints, lane, seconds / 10, BULK_CLIENT_CHUNKS)
+        if lane.endswith(BULK_SUFFIX)
+        else warm_lane(endpoints, lane, seconds)
+        for lane in lanes
+    ]
     return warmed
 
 
