@@ -18,7 +18,7 @@ from pathlib import Path
 from scripts import cli
 from scripts.bench.loadgen import Target, closed_loop, wrk_version
 from scripts.layout import BUILD, MODEL_STORE, ROOT
-from scripts.server.temporary import serving_in
+from scripts.server.temporary import only_lanes_of, serving_in
 
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:front-door:start -->", "<!-- bench:front-door:end -->"
@@ -33,7 +33,8 @@ def measure(seconds: float, rounds: int, models: list[str]) -> dict:
     archives = {f"{model}.mar": MODEL_STORE / f"{model}.mar" for model in models}
     results: dict = {"tool": wrk_version(), "seconds": seconds, "rounds": rounds, "lanes": {}}
     with tempfile.TemporaryDirectory(prefix="torchserve-front-door-bench-") as folder:
-        with serving_in(Path(folder), archives, front_door=True) as server:
+        lanes = ",".join(only_lanes_of(name)["load_models"] for name in archives)
+        with serving_in(Path(folder), archives, {"load_models": lanes}, front_door=True) as server:
             door, direct = server.endpoints, server.torchserve_endpoints
             token = door.token("inference")
             for model in models:

@@ -70,7 +70,7 @@ WORKERS = 4
 WORKER_CONNECTIONS = 16384
 NOFILE = 2 * WORKER_CONNECTIONS
 # Kept-alive connections to each TorchServe listener.
-UPSTREAM_KEEPALIVE = 16
+UPSTREAM_KEEPALIVE = 64
 # The bulk lanes' responseTimeout is up to 600 s (models/*/model-config.yaml).
 UPSTREAM_TIMEOUT_S = 610
 MANAGEMENT_BODY_BYTES = 64 * 1024
