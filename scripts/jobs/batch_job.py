@@ -45,9 +45,8 @@ EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
 PREFETCH = 2
 # Chunks in flight per forward worker: the writer waits for the oldest once more than this many per worker are
 # submitted, so with 1 one chunk is queued behind the running passes when it waits. With 2 (three queued on 2 cores)
-# the workers no longer wait while the writer commits (py-spy: 7-9% -> under 1% of their time), yet the job got no
-# faster (slower in 6 of 10 alternated rounds of 200,000 rows, 2026-12-02; docs/batch-jobs.md, seventh round): on 2
-# cores the writer and reader then preempt a busy pass instead of taking the core a waiting one leaves.
+# the workers no longer wait while the writer commits, yet the job got no faster (docs/decisions.md): on 2 cores
+# the writer and reader then preempt a busy pass instead of taking the core a waiting one leaves.
 CHUNKS_PER_FORWARD_WORKER = 1
 ENGINES = ("local", "ray")
 
