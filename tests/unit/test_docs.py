@@ -17,7 +17,7 @@ from scripts.layout import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.DOTALL | re.MULTILINE)
-CODE_SPAN = re.compile(r"`([^`\n]+)`")
+CODE_SPAN = re.compile(r"`((?:[^`\n]|\n(?!\s*\n))+)`")  # a span may wrap, within its paragraph
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.MULTILINE)
 MAKE = re.compile(r"(?:^|[\s;(&|])make\s+((?:[A-Z_]+=\S*\s+)*)([a-z][a-z0-9-]*)")
