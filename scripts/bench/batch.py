@@ -9,8 +9,7 @@ chunks read and decoded ahead (--prefetch N); then once more with the same rows 
 reading and decoding text costs against Parquet's numpy rows. The ceiling is the core alone over pre-decoded chunks
 of the same size, on the same torch threads, in this process: what the in-process job would do if reading, decoding
 and writing cost nothing. It runs twice, half the rows before the in-process jobs and half after, and counts as
-one: the core's own speed on this machine moved by up to 2x between runs minutes apart (31,634 to 62,758 rows/s in
-six back-to-back runs).
+one: the core's own speed on a shared machine moves by up to 2x between runs minutes apart.
 Checks each output holds exactly one result per input row, samples each in-process job's resident memory,
 prints rows/s and writes them to docs/benchmarks.md (its own section; other sections of that file are kept).
 """
@@ -198,8 +197,8 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
         served = job("bench-server.jsonl", concurrency=concurrency, config=server.config, key_file=server.endpoints.key_file)
     print(served.text(), file=sys.stderr)
     # From here on this process's malloc is set as digits-bulk's worker sets its own (the ceiling's upper bound, and
-    # the in-process jobs after it): with glibc's adaptive threshold the core alone ran at 38,000 or 48,000 rows/s
-    # from one run to the next, as its activations were or were not faulted in again each pass.
+    # the in-process jobs after it): with glibc's adaptive threshold the core alone ran at one of two speeds from
+    # one run to the next, as its activations were or were not faulted in again each pass.
     malloc_as_lane(archive, "digits-bulk")
     before = ceiling_layouts(archive, rows // 2, chunk_size)
     with peak_rss_growth() as serial_rss:

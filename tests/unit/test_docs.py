@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,41 @@ def test_anchor_follows_githubs_rule():
     assert anchor("Budgets per lane") == "budgets-per-lane"
     assert anchor("`make bench`: what it runs (and why)") == "make-bench-what-it-runs-and-why"
     assert anchor("Peers' sweeps, the best kept") == "peers-sweeps-the-best-kept"
+
+
+# -- section references in code, config and docs ---------------------------------------------------------
+
+SECTION_REF = re.compile(r"\b(?:docs/)?([a-z][a-z-]*\.md)[,:]?\s+\(?\"([^\"]{3,60})\"")
+BOLD_LEAD = re.compile(r"^(?:<a id=\"[^\"]+\"></a>)?\*\*([^*]+?)\.?\*\*", re.MULTILINE)
+
+
+def tracked_text_files() -> list[Path]:
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    kinds = (".py", ".md", ".yaml", ".yml", ".properties", ".xml", ".conf", ".sh", ".toml", ".txt")
+    return [ROOT / name for name in listed if name.endswith(kinds) or name in ("Makefile", "Dockerfile")]
+
+
+def section_names(page: Path) -> list[str]:
+    """Headings (without a leading `4.`-style number) and bold paragraph leads (`**Warm-up.**`) of a page."""
+    text = prose(page.read_text())
+    headings = [re.sub(r"^\d+[a-z]?\.\s+", "", heading).replace("`", "") for heading in HEADING.findall(text)]
+    return [name.lower() for name in headings + BOLD_LEAD.findall(text)]
+
+
+def test_every_quoted_section_of_a_doc_exists():
+    """`docs/hardening.md, "Limits"` in a comment names a heading (or a bold paragraph lead) that starts so."""
+    broken = []
+    for path in tracked_text_files():
+        if not path.is_file():
+            continue
+        for page_name, section in SECTION_REF.findall(path.read_text(errors="replace")):
+            page = ROOT / ("README.md" if page_name == "README.md" else f"docs/{page_name}")
+            if not page.exists():
+                continue  # another folder's page (deploy/kserve/schema/README.md): the link check covers docs
+            section = re.sub(r"[\s#]+", " ", section).strip()  # a quote wrapped over comment lines
+            if not any(name.startswith(section.lower()) for name in section_names(page)):
+                broken.append(f"{path.relative_to(ROOT)}: {page_name} has no section {section!r}")
+    assert broken == []
 
 
 # -- config comments against the values they describe ------------------------------------------------------
