@@ -191,3 +191,21 @@ def test_a_lanes_comment_on_workers_and_threads_matches_the_values(lane):
     assert (workers, threads) == (model["minWorkers"], settings.threads_for(lane)), comment
     says_per_cpu = "one per CPU" in comment
     assert says_per_cpu == (settings.passes_for(lane) is None), f"{lane}: {settings.passes_for(lane)!r} passes: {comment!r}"
+
+
+def readme_lane_rows() -> dict[str, str]:
+    """The README's lanes table: lane -> its batching cell."""
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| [^|]+ \| ([^|]+) \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    return {lane: cell for lane, cell in rows if lane in lane_models()}
+
+
+@pytest.mark.parametrize("lane", ["digits", "digits-bulk", "minilm", "minilm-bulk"])
+def test_the_readmes_lane_table_shows_config_properties_batching(lane):
+    cell, model = readme_lane_rows()[lane], lane_models()[lane]
+    settings = handler_settings(model["marName"])
+    workers = int(re.search(r"(\d+) workers?", cell)[1])
+    batch_size = int(re.search(r"`batchSize` (\d+)", cell)[1])
+    delay = int(re.search(r"`maxBatchDelay` (\d+) ms", cell)[1])
+    assert (workers, batch_size, delay) == (model["minWorkers"], model["batchSize"], model["maxBatchDelay"]), cell
+    assert ("1 torch thread" in cell) == (settings.threads_for(lane) == 1), cell
+    assert ("one per CPU" in cell) == (settings.passes_for(lane) is None), cell
