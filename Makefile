@@ -15,6 +15,9 @@ PIP_LOCK := locks/pip.txt
 STAMP := $(VENV)/.installed-$(shell cat $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
 SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
 HASHED := --quiet --require-hashes
+# A venv made from an older lock keeps the deprecated pynvml shim (nvidia-ml-py provides the module): it warns on
+# every `import torch`, so it goes.
+DROP_STALE := $(PY) -m pip uninstall --quiet --quiet --yes pynvml
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
 DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
 MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
@@ -47,6 +50,7 @@ $(STAMP): $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(PIP_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(TOOLS_LOCK)
 	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
+	$(DROP_STALE)
 	@rm -f $(VENV)/.installed-* && touch $@
 venv-serving: $(SERVING_STAMP)
 $(SERVING_STAMP): $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK)
@@ -54,6 +58,7 @@ $(SERVING_STAMP): $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(PIP_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(SERVING_LOCK)
 	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
+	$(DROP_STALE)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # lock: after changing a requirements*.txt, rewrite locks/ (uv resolves for Linux x86_64, Python 3.11; the CUDA

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Debian packages this project needs, declared once (issue 20), per use:
+# The Debian packages this project needs, declared once, per use:
 #   serve  make serve                    Java 17 for TorchServe's frontend
 #   test   make test (and make bench)    + wrk, g++ (AOTInductor), Prometheus with promtool, nginx with njs
 #   ci     .ci/run                       + podman, runc, mmdebstrap (make image-test)

@@ -3,10 +3,8 @@
 By default CPython runs a collection every 700 container allocations and, every so often, a full one over every
 tracked object. A batch job or a bulk batch allocates a list and a dict or two per row, and the rows of the chunks
 in flight live long enough to be scanned again by each young collection and promoted into the older ones; with
-torch, the exported program and their imports in the process (335,000 tracked objects after loading the minilm
-core here), a full collection took 90 to 180 ms (timeit, two processes). Measured on 300,000 digits rows in
-process (docs/batch-jobs.md, "Python's garbage collector"): 28,051-28,947 rows/s with the default collector,
-39,114-45,311 with it off.
+torch, the exported program and their imports in the process (hundreds of thousands of tracked objects), a full
+collection takes a tenth of a second, paid again and again by a job (docs/decisions.md gives the figures).
 
 `PacedCollector` freezes what the process holds when the work starts (the model and its imports: never garbage,
 never scanned again), turns automatic collection off, and collects at the boundaries the caller marks with

@@ -93,8 +93,8 @@ class InferenceCore:
         Returns the number in effect.
 
         A bulk request of thousands of rows on a 2-core CPU: two passes of one thread each instead of one of two, no
-        OpenMP barrier for the worker's other threads to stall (docs/batch-jobs.md, "Passes at once in the bulk
-        lane")."""
+        OpenMP barrier for the worker's other threads to stall (docs/batch-jobs.md,
+        "Throughput")."""
         if passes <= 1 or self.device.type != "cpu":
             return 1
         self._passes = ThreadPoolExecutor(max_workers=passes, thread_name_prefix="pass")

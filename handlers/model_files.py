@@ -96,7 +96,7 @@ def load_program(path: Path, device: torch.device) -> Any:
 def _flat_call(module: torch.fx.GraphModule) -> Callable[..., Any]:
     """The exported graph called with its tensors as they are: `program.module()` wraps it in pytree flattening,
     a guard call and forward hooks that check each input's shape against the exported constraints, about half of
-    a one-row digits forward (docs/benchmarks.md, "Tuning"). Our decoders have already fixed the inputs' shapes
+    a one-row digits forward (docs/decisions.md, "Stream lanes"). Our decoders have already fixed the inputs' shapes
     and dtypes, so the same graph (same ops, same weights: identical outputs) runs without them. A wrong shape
     still fails, in the first op that meets it."""
     graph = copy.deepcopy(module.graph)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+from pathlib import Path
 
 import torch
 
 from scripts.layout import ROOT
 
 REPORT = ROOT / "docs" / "benchmarks.md"
+# The goals each benchmark checks its figures against, one data file for all of them.
+TARGETS = json.loads(Path(__file__).with_name("targets.json").read_text())
 
 
 def machine() -> str:
@@ -19,11 +23,13 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPU cores visible, {torch_version}, {device}"
 
 
-def replace_section(name: str, body: str) -> None:
+def replace_section(name: str, body: str, report: Path = REPORT) -> None:
+    """Rewrite the region between `<!-- name: begin -->` and `<!-- name: end -->` of `report` (appended at the
+    end the first time); the hand-written text around the marked regions is kept as it is."""
     begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
     section = f"{begin}\n{body.rstrip()}\n{end}"
-    existing = REPORT.read_text() if REPORT.exists() else "# Benchmarks\n"
+    existing = report.read_text() if report.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
     updated = pattern.sub(lambda _: section, existing) if pattern.search(existing) else existing.rstrip("\n") + "\n\n" + section
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(updated.rstrip("\n") + "\n")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(updated.rstrip("\n") + "\n")

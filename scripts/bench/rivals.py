@@ -1,5 +1,6 @@
 """The field in `make bench`: every peer (scripts/bench/peers/field.py) started, checked, timed and stopped, and the
-issue 21 targets (the lane against the best batching peer) with what each system's server spent per request.
+field targets (the lane against the best batching peer, scripts/bench/targets.json) with what each system's server
+spent per request.
 
 A peer that fails to start, answers wrongly, errors or completes no request is a finding, never a crash: its
 row says what happened (the error; errors and timeouts counted), and the targets skip it.
@@ -18,6 +19,7 @@ import requests
 from scripts.bench import loadgen
 from scripts.bench.peers.field import Peer, describe
 from scripts.bench.pipeline import tree_cpu_seconds
+from scripts.bench.report import TARGETS
 from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
 from scripts.layout import JSON
@@ -120,7 +122,7 @@ def run_peer(
         print(f"    {peer.name} failed: {reason}", flush=True)
 
 
-# -- issue 21's targets ---------------------------------------------------------------------------------
+# -- the field's targets --------------------------------------------------------------------------------------
 
 
 def best_peer(bench: ModelBench, batching: set[str], connections: int, by: str = "rps") -> str | None:
@@ -135,7 +137,7 @@ def best_peer(bench: ModelBench, batching: set[str], connections: int, by: str =
 
 
 def field_targets(bench: ModelBench, batching: set[str], top: int) -> list[tuple[str, str, str, str]]:
-    """(target, measured, goal, verdict) rows: issue 21's targets for one model, from this run's figures."""
+    """(target, measured, goal, verdict) rows: the field targets for one model, from this run's figures."""
     rows = []
     lane_top = bench.run(LANE, top)
     best = best_peer(bench, batching, top)
@@ -144,7 +146,8 @@ def field_targets(bench: ModelBench, batching: set[str], top: int) -> list[tuple
         return [(f"{bench.model} lane against the best batching peer at {top} connections", *none)]
     peer_top = bench.run(best, top)
     ratio = lane_top["rps"] / peer_top["rps"] if served(lane_top) else 0.0
-    goal = 1.0 if bench.model == "digits" else 0.9
+    goals = TARGETS["field"][bench.model]
+    goal = goals["rate_over_best_peer_top"]
     rows.append(
         (
             f"{bench.model} lane / best batching peer ({best}) req/s at {top} connections",
@@ -171,8 +174,8 @@ def field_targets(bench: ModelBench, batching: set[str], top: int) -> list[tuple
             (
                 f"digits lane p50 minus the best batching peer's ({quickest}) at 1 connection",
                 f"{over:+.2f} ms ({lane_one['p50_ms']:.2f} vs {peer_one['p50_ms']:.2f} ms)",
-                "<= +1.5 ms",
-                _verdict(served(lane_one) and over <= 1.5),
+                f"<= +{goals['p50_over_best_peer_ms']:g} ms",
+                _verdict(served(lane_one) and over <= goals["p50_over_best_peer_ms"]),
             )
         )
     return rows
@@ -183,11 +186,11 @@ def _verdict(met: bool) -> str:
 
 
 def field_section(benches: list[ModelBench], peers: list[Peer], top: int, when: str) -> str:
-    """The marked `field targets` section of docs/benchmarks.md: issue 21's targets, the peers' settings, and
+    """The marked `field targets` section of docs/benchmarks.md: the field targets, the peers' settings, and
     what each system's server spent per request at the top load."""
     batching = {peer.name for peer in peers if peer.batching}
     lines = [
-        f"## The field: targets of issue 21 (`make bench` of {when}, the stream section below)",
+        f"## The field: the lane against the batching peers (`make bench` of {when}, the stream section below)",
         "",
         "The lane against the best batching peer (LitServe, Ray Serve, BentoML, PyTriton) of the same run: at "
         f"{top} connections the one with the most req/s; at 1 connection the one with the lowest p50.",

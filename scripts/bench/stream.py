@@ -42,7 +42,7 @@ from scripts.bench import attribution, loadgen, plots, rivals
 from scripts.bench.peers.noop_handler import build_noop_archive
 from scripts.bench.peers.roster import peers
 from scripts.bench.pipeline import pipeline, server_cpu
-from scripts.bench.report import machine, replace_section
+from scripts.bench.report import TARGETS, machine, replace_section
 from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
 from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
@@ -59,9 +59,8 @@ REPORT_DIR = ROOT / "docs" / "bench"
 class Plan:
     """How long and how hard: the full run for docs/benchmarks.md, or --quick (under 3 minutes in all)."""
 
-    # Sized for the field (issue 21: five peers in one run under 15 minutes) with every connection count of
-    # issue 22's plots (1-64 in powers of 2): 2.5 s per point after 0.5 s of warm-up (was 4 + 1), the open loop
-    # on the TorchServe lanes only.
+    # Sized so five peers fit one run under 15 minutes with every connection count of the plots (1-64 in
+    # powers of 2): 2.5 s per point after 0.5 s of warm-up, the open loop on the TorchServe lanes only.
     connections: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     seconds: float = 2.5
     warmup: float = 0.5
@@ -221,7 +220,7 @@ def access_log_bytes(model: str, archive: Path, lane: LaneSettings, body: bytes,
 
 @dataclass(frozen=True)
 class Target:
-    """One goal of issues 9 and 22, stated as a ratio or a difference measured in this run."""
+    """One goal of scripts/bench/targets.json, stated as a ratio or a difference measured in this run."""
 
     name: str
     value: float | None  # None: not measured (a side completed no request)
@@ -271,28 +270,29 @@ def _rate_over(bench: ModelBench, other: str, connections: int, bound: float) ->
 
 def targets(bench: ModelBench, top: int) -> list[Target]:
     lane = bench.at(LANE, top)
+    goal = TARGETS["stream"][bench.model]
     middle = [c for c in (4, 16) if c in bench.connections()]
     if bench.model == "digits":
         found = [
-            _p50_over(bench, FLASK, 1.5),
-            _p50_over(bench, FLOOR, 1.0),
-            *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
+            _p50_over(bench, FLASK, goal["p50_over_flask_ms"]),
+            _p50_over(bench, FLOOR, goal["p50_over_floor_ms"]),
+            *(_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle),
             Target(
                 f"lane / CPU limit at {top} connections",
                 lane["rps"] / bench.cpu_limit if bench.floor_cpu_ms else None,
-                0.8,
+                goal["share_of_cpu_limit_top"],
                 detail=f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s",
             ),
-            _rate_over(bench, FLASK, top, 2.0),
-            _rate_over(bench, BATCH1, top, 3.0),
-            Target(f"lane p99 at {top} connections", lane["p99_ms"], 40, higher_is_better=False, unit=" ms"),
+            _rate_over(bench, FLASK, top, goal["rate_over_flask_top"]),
+            _rate_over(bench, BATCH1, top, goal["rate_over_batch1_top"]),
+            Target(f"lane p99 at {top} connections", lane["p99_ms"], goal["p99_top_ms"], higher_is_better=False, unit=" ms"),
         ]
         if "access log on" in bench.log_bytes:
             found.append(
                 Target(
                     "bytes written to logs per request, access log on",
                     bench.log_bytes["access log on"],
-                    150,
+                    goal["log_bytes_per_request"],
                     False,
                     " B",
                     f"{bench.log_bytes.get('default', 0):.1f} B with the default settings",
@@ -300,13 +300,13 @@ def targets(bench: ModelBench, top: int) -> list[Target]:
             )
         return found
     return [
-        _p50_over(bench, FLASK, 2.0),
-        *(_rate_over(bench, FLASK, c, 1.0) for c in middle),
-        _rate_over(bench, FLASK, top, 1.8),
+        _p50_over(bench, FLASK, goal["p50_over_flask_ms"]),
+        *(_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle),
+        _rate_over(bench, FLASK, top, goal["rate_over_flask_top"]),
         Target(
             f"lane / in-process pipeline (all cores) at {top} connections",
             lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None,
-            0.8,
+            goal["share_of_pipeline_top"],
         ),
     ]
 

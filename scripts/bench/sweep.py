@@ -90,7 +90,7 @@ def kept_now(key: str, model: str, settings: dict) -> bool:
 def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = kept_now) -> str:
     """The "peer sweeps" section from every sweep file's results (peer key -> its JSON)."""
     lines = [
-        "## Peers' sweeps (issue 21): every setting tried, the best kept",
+        "## Peers' sweeps: every setting tried, the best kept",
         "",
         "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (CANDIDATES in its file under "
         "scripts/bench/peers/) started one after the other, checked to answer as the lane does, then wrk "

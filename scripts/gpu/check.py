@@ -52,7 +52,7 @@ DEFAULT_OUT = BUILD / "gpu-check"
 EXIT_NO_CUDA = 2
 FORMATS = ("export", "torchscript", "onnx", "aoti")
 AUTOCAST_FORMATS = ("export", "torchscript")
-# Agreement bounds, to the CPU's answers on the same weights. fp32 as issue 17 states; bf16 as the CPU's
+# Agreement bounds, to the CPU's answers on the same weights. fp32 as the GPU check's goal; bf16 as the CPU's
 # format tests hold it (docs/formats.md); fp16 (CUDA only) between the two.
 BOUNDS = {
     "fp32": {"digits_max_abs": 1e-4, "cosine": 0.9999},

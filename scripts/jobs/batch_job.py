@@ -40,14 +40,13 @@ from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 
 EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED = 0, 1, 2
-# In-process chunks read and decoded ahead, on the CPU as on CUDA since the collector is paced by chunk
-# (handlers/collector.py): 300,000 digits rows, same box, 33,221-36,685 rows/s against 23,034-23,516 with 0.
+# In-process chunks read and decoded ahead, on the CPU as on CUDA: with the collector paced by chunk
+# (handlers/collector.py) reading ahead pays (docs/decisions.md, "Batch jobs").
 PREFETCH = 2
 # Chunks in flight per forward worker: the writer waits for the oldest once more than this many per worker are
 # submitted, so with 1 one chunk is queued behind the running passes when it waits. With 2 (three queued on 2 cores)
-# the workers no longer wait while the writer commits (py-spy: 7-9% -> under 1% of their time), yet the job got no
-# faster (slower in 6 of 10 alternated rounds of 200,000 rows, 2026-12-02; docs/batch-jobs.md, seventh round): on 2
-# cores the writer and reader then preempt a busy pass instead of taking the core a waiting one leaves.
+# the workers no longer wait while the writer commits, yet the job got no faster (docs/decisions.md): on 2 cores
+# the writer and reader then preempt a busy pass instead of taking the core a waiting one leaves.
 CHUNKS_PER_FORWARD_WORKER = 1
 ENGINES = ("local", "ray")
 
@@ -135,9 +134,7 @@ def forward_workers(config: JobConfig) -> int:
     by default), each on one torch thread; on CUDA, with Ray or without prefetch, one.
 
     Two passes of one thread each instead of one of two: no OpenMP barrier for the reader's and writer's threads to
-    stall when they take a core, nor a spinning thread beside them. 200,000 digits rows from Parquet, six rounds
-    alternated in one process on 2 cores: 19,275-24,113 rows/s against 14,994-20,631, faster in 5 of 6
-    (docs/batch-jobs.md, "Forward workers")."""
+    stall when they take a core, nor a spinning thread beside them (docs/decisions.md, "Batch jobs")."""
     if not config.in_process or config.prefetch < 1 or config.engine == "ray" or torch.cuda.is_available():
         return 1
     return max(1, torch.get_num_threads())

@@ -56,7 +56,7 @@ class Row:
 class Chunk:
     """Consecutive rows of the input, cut for one request or forward pass. `instances` holds their instances as one
     (rows, values) array when the reader had them so (numeric Parquet): a decoder takes the chunk in one pass, and no
-    numpy row object is made per row (docs/batch-jobs.md, "Columnar chunks"); the rows' own `instance` is then None
+    numpy row object is made per row (docs/batch-jobs.md, "Throughput"); the rows' own `instance` is then None
     until `rows_with_instances()` gives each its row of the array, for code that takes rows one by one."""
 
     rows: list[Row]
@@ -291,7 +291,7 @@ def _parquet_pieces(path: Path) -> Iterator[Chunk]:
         matrix = _numeric_matrix(batch, value_columns)
         if matrix is not None:
             # Each row's instance is its row of the batch's matrix, no Python number per value: 4-7 us a digits row
-            # less to read and decode than lists (docs/batch-jobs.md, "Columnar input").
+            # less to read and decode than lists (docs/batch-jobs.md, "Throughput").
             ids = batch.column("id").to_pylist() if "id" in names else range(index + 1, index + 1 + batch.num_rows)
             yield Chunk([Row(index + offset, row_id, None) for offset, row_id in enumerate(ids)], matrix)
             index += batch.num_rows

@@ -42,7 +42,7 @@ def locked_entries(path) -> list[tuple[str, list[str]]]:
 )
 def test_every_locked_package_is_pinned_with_a_sha256(lock):
     entries = locked_entries(LOCKS / lock)
-    assert len(entries) >= (1 if lock == "pip.txt" else 5)
+    assert len(entries) >= (1 if lock == "pip.txt" else 4)
     for requirement, hashes in entries:
         assert hashes, f"{lock}: {requirement} has no hash"
         assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", option) for option in hashes), requirement
@@ -96,3 +96,12 @@ def test_each_venv_recipe_installs_its_lock_with_hash_checking(tmp_path, target,
     assert all("--require-hashes" in line for line in installs), installs
     assert "-r locks/pip.txt" in installs[0]
     assert f"-r {lock}" in installs[1] and "--no-deps -r locks/serving-nodeps.txt" in installs[2]
+
+
+def test_no_lock_installs_the_deprecated_pynvml_shim():
+    """nvgpu's `pynvml` module comes from nvidia-ml-py: the `pynvml` package is a shim whose import hook warns on
+    every `import torch` (a venv made from an older lock loses it in the venv recipes)."""
+    for lock in sorted(LOCKS.glob("*.txt")):
+        assert "pynvml" not in pins(lock), lock.name
+    assert "nvidia-ml-py" in pins(LOCKS / "serving-nodeps.txt")
+    assert "--yes pynvml" in (ROOT / "Makefile").read_text()

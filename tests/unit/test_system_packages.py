@@ -15,13 +15,18 @@ SCRIPT = ROOT / "system-packages.sh"
 
 
 def run_without_tools(use: str) -> subprocess.CompletedProcess:
-    """The script with a PATH that holds only what it needs itself: every package it checks is missing."""
-    with tempfile.TemporaryDirectory(dir="/tmp") as folder:  # readable by the unprivileged user below
+    """A copy of the script with a PATH that holds only what it needs itself: every package it checks is missing.
+    The copy and its tools sit in a folder of their own that the unprivileged user below can enter, whatever the
+    clone's parent folders allow (a clone in a 0700 home folder or `mktemp -d`)."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
         bin_dir = Path(folder)
         bin_dir.chmod(0o755)
         for tool in ("bash", "id", "grep"):
             (bin_dir / tool).symlink_to(shutil.which(tool))
-        command = [str(SCRIPT), use]
+        script = bin_dir / SCRIPT.name
+        shutil.copyfile(SCRIPT, script)
+        script.chmod(0o755)
+        command = [str(script), use]
         if os.geteuid() == 0:  # as a user who may not install: the answer is the command, not an install
             command = [shutil.which("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups", *command]
         return subprocess.run(command, capture_output=True, text=True, timeout=30, env={"PATH": str(bin_dir)})

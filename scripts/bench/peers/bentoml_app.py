@@ -49,7 +49,7 @@ PEER = Peer(
     key="bentoml",
     batching=True,
     start=start,
-    # The best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+    # The best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
     settings={
         "digits": {"max_batch_size": 32, "max_latency_ms": 100, "workers": 2},
         "minilm": {"max_batch_size": 16, "max_latency_ms": 5000, "workers": 2},

@@ -73,7 +73,7 @@ def start(archive: Path, port: int, model: str, settings: Settings) -> Iterator[
 
 
 # Workers x request threads per worker (gthread), each worker with one torch thread; the kept ones are the best of the
-# sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+# `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
 CANDIDATES = [{"workers": w, "threads": t} for w, t in ((2, 1), (2, 4), (4, 1), (4, 4))]
 PEER = Peer(
     name="Flask",

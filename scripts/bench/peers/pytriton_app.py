@@ -136,7 +136,7 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-# kept: the best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+# kept: the best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
 PEER = batching_peer("PyTriton", "pytriton", start, _candidates, kept={"digits": 2, "minilm": 0}, wrap=wrap, unwrap=unwrap)
 
 

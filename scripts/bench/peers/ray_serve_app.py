@@ -91,7 +91,7 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-# kept: the best of the sweep of 2026-11-30 (docs/benchmarks.md, "Peers' sweeps").
+# kept: the best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
 PEER = batching_peer("Ray Serve", "ray", start, _candidates, kept={"digits": 2, "minilm": 1})
 
 

@@ -82,7 +82,7 @@ def test_the_archived_config_names_the_built_file_and_keeps_the_rest(model):
 
 @pytest.mark.parametrize("model", ["digits", "minilm"])
 def test_the_export_program_is_called_flat_with_the_same_outputs(model):
-    """load_program calls the exported graph without torch.export's input checks (docs/benchmarks.md, "Tuning"):
+    """load_program calls the exported graph without torch.export's input checks (docs/decisions.md, "Stream lanes"):
     the same graph and weights, so the same numbers as the checked module, to the last bit; a wrong shape still
     fails."""
     from tests.unit.formats.conftest import digits_file, minilm_file

@@ -1,0 +1,49 @@
+"""docs/benchmarks.md's generated regions (scripts/bench/report.py): a benchmark rewrites its own marked region
+and nothing else, and the goals its tables check come from scripts/bench/targets.json."""
+
+from __future__ import annotations
+
+from scripts.bench.report import REPORT, TARGETS, replace_section
+
+PAGE = """# Benchmarks
+
+Hand-written: how to read the tables.
+
+<!-- stream bench: begin -->
+old stream table
+<!-- stream bench: end -->
+
+## How it measures
+
+Hand-written too.
+"""
+
+
+def test_a_run_rewrites_its_own_region_and_keeps_the_hand_written_text(tmp_path):
+    report = tmp_path / "benchmarks.md"
+    report.write_text(PAGE)
+    replace_section("stream bench", "new stream table\n", report)
+    assert report.read_text() == PAGE.replace("old stream table", "new stream table")
+
+
+def test_a_region_seen_for_the_first_time_is_appended_and_the_others_stay(tmp_path):
+    report = tmp_path / "benchmarks.md"
+    report.write_text(PAGE)
+    replace_section("batch-job bench", "batch table", report)
+    replace_section("batch-job bench", "batch table, second run", report)
+    assert (
+        report.read_text() == PAGE + "\n<!-- batch-job bench: begin -->\nbatch table, second run\n<!-- batch-job bench: end -->\n"
+    )
+
+
+def test_the_committed_report_has_each_benchmarks_region_once():
+    text = REPORT.read_text()
+    for name in ("field targets", "peer sweeps", "batch-job bench", "stream bench"):
+        assert (text.count(f"<!-- {name}: begin -->"), text.count(f"<!-- {name}: end -->")) == (1, 1), name
+
+
+def test_the_targets_file_holds_every_goal_the_benches_check():
+    assert set(TARGETS["stream"]) == set(TARGETS["field"]) == {"digits", "minilm"}
+    assert TARGETS["batch"] == {"bulk_over_in_process": 0.95, "in_process_over_ceiling": 0.9}
+    assert TARGETS["stream"]["digits"]["p99_top_ms"] == 40
+    assert TARGETS["field"]["digits"] == {"rate_over_best_peer_top": 1.0, "p50_over_best_peer_ms": 1.5}
