@@ -36,7 +36,7 @@ TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
 .PHONY: venv venv-serving lock grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check-bundle gpu-serving-bundle gpu-check image-test test-slow clean
+	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check-bundle gpu-serving-bundle gpu-device-prep gpu-check image-test test-slow clean
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
@@ -147,6 +147,10 @@ gpu-check-bundle: archive
 	$(PY) -m scripts.gpu.bundle
 gpu-serving-bundle: $(STAMP)
 	$(PY) -m scripts.gpu.serving_bundle
+# gpu-device-prep: build/gpu-device, what each prepared device call carries (the serving bundle packed, digits.mar,
+# noop.mar, minilm's pruned weights, orjson's wheel); on the GPU machine: sh scripts/gpu/device_call.sh digits|minilm.
+gpu-device-prep: archive
+	$(PY) -m scripts.gpu.device_prep
 gpu-check: $(STAMP)
 	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu-check needs CUDA: torch.cuda.is_available() is False on this machine (torch " + torch.__version__ + "); run it where an NVIDIA GPU and a CUDA build of torch are")'
 	$(MAKE) gpu-bundle

@@ -39,7 +39,7 @@ def digits_eager(folder: Path) -> DigitsNet:
     return model.eval()
 
 
-def rounded_encoder(folder: Path) -> SentenceEncoder:
+def rounded_encoder(folder: Path, weights: str = "weights_fp16.npz") -> SentenceEncoder:
     """all-MiniLM-L6-v2 from the bundle's fp16-rounded weights, run in fp32."""
     from transformers import BertConfig, BertModel, logging
 
@@ -47,7 +47,7 @@ def rounded_encoder(folder: Path) -> SentenceEncoder:
     config = BertConfig.from_dict(json.loads((folder / "config.json").read_text()))
     config._attn_implementation = "sdpa"  # as models/minilm/export.py builds it
     encoder = SentenceEncoder(BertModel(config, add_pooling_layer=False))
-    encoder.load_state_dict(_load_npz(folder / "weights_fp16.npz", torch.float32), strict=True)
+    encoder.load_state_dict(_load_npz(folder / weights, torch.float32), strict=True)
     return encoder.eval()
 
 

@@ -278,6 +278,15 @@ def pack(out: Path) -> Path:
     return target
 
 
+def ensure_packed(out: Path = DEFAULT_OUT) -> Path:
+    """The packed bundle, packed again only when the tree was built after it."""
+    ensure_tree(out)
+    packed = out / PACKED
+    if packed.exists() and packed.stat().st_mtime >= (out / "bundle.json").stat().st_mtime:
+        return packed
+    return pack(out)
+
+
 def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
