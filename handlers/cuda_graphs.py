@@ -141,7 +141,8 @@ class GraphRunner:
                 self.forward(static_in)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the worker's other threads (the metrics collector) may call CUDA while this one captures.
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             static_out = self.forward(static_in).float()
         self.pool = graph.pool()
         host_out = torch.empty(static_out.shape, dtype=static_out.dtype, pin_memory=True)

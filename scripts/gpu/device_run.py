@@ -254,7 +254,8 @@ def served_part(model: str, archive: Path, seconds: float, write) -> None:
 
 
 def bulk_rows_per_second(server, model: str, archive: Path, seconds: float) -> dict[str, float]:
-    chunk = payload(model, BULK_ROWS)
+    rows = min(BULK_ROWS, MarFile(archive).settings().rows_for(f"{model}-bulk") or BULK_ROWS)  # the lane's limit
+    chunk = payload(model, rows)
     body = orjson.dumps({"instances": chunk.items})
     url = server.endpoints.prediction_url(f"{model}-bulk")
     headers = {"Content-Type": JSON, "Authorization": f"Bearer {server.endpoints.token('inference')}"}
@@ -268,7 +269,11 @@ def bulk_rows_per_second(server, model: str, archive: Path, seconds: float) -> d
         served_ms = ms_per_call(post, seconds)
     core = core_of(archive)
     in_process_ms = ms_per_call(lambda: core.answer([chunk]), seconds)
-    return {"served_rows_s": round(BULK_ROWS * 1000 / served_ms), "in_process_rows_s": round(BULK_ROWS * 1000 / in_process_ms)}
+    return {
+        "rows_per_request": rows,
+        "served_rows_s": round(rows * 1000 / served_ms),
+        "in_process_rows_s": round(rows * 1000 / in_process_ms),
+    }
 
 
 # -- the call ------------------------------------------------------------------------------------
