@@ -1,19 +1,19 @@
 """The measurements of one device call, run on the GPU machine by scripts/gpu/device_call.sh (docs/gpu.md,
 "Prepared device calls"); each part writes <part>.json into --out ($OUT there).
 
-    python -m scripts.gpu.device_run --part digits|minilm --out DIR [--seconds 2.0]
+    python -m scripts.gpu.device_run --part digits|minilm --out DIR [--seconds 1.0] [--cpu-dry-run]
 
 Per model, in this order (each result written as soon as it exists, so a call stopped at its limit still
 returns what it measured):
-1. precision: ms per call in process at 1 and 8 rows and rows/s at 64, 512 and 4,096 rows, for fp32, bf16 and
-   fp16 under autocast and with the weights cast once (an exported <model>.<precision>.pt2, cast_weights); for
-   minilm each half precision also without cuDNN's attention (sdpa_backends: flash, efficient, math);
-2. graphs: ms per call in process at 1, 2, 8 rows and the lane's batchSize, eager against CUDA graphs, the
-   graphs' memory and capture time;
-3. served: TorchServe from the serving bundle on the GPU, wrk at 1 connection (p50) and 64 (req/s), for the
+1. graphs: ms per call in process at 1, 2, 8 rows and the lane's batchSize, eager against CUDA graphs, their
+   answers' largest difference, the graphs' memory and capture time;
+2. served: TorchServe from the serving bundle on the GPU, wrk at 1 connection (p50) and 64 (req/s), for the
    stream lane, the same lane with CUDA graphs, and a no-op handler with the same batching on the same
    frontend, against the in-process pipeline at the lane's batch size; the bulk lane's rows/s against the core
-   in process on the same 4,096-row requests; which processes hold the GPU (nvidia-smi).
+   in process on the same requests (4,096 rows, or the lane's row limit); which processes hold the GPU;
+3. precision: ms per call in process at 1 and 8 rows and rows/s at 64, 512 and 4,096 rows, for fp32, bf16 and
+   fp16 under autocast and with the weights cast once (an exported <model>.<precision>.pt2, cast_weights); for
+   minilm each half precision also without cuDNN's attention (sdpa_backends: flash, efficient, math).
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--part", choices=("digits", "minilm"), required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=1.0, help="each timed figure: the median of calls for this long")
     parser.add_argument("--cpu-dry-run", action="store_true", help="the served part only, on this CPU: checks the script")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.cpu_dry_run:
@@ -313,8 +313,8 @@ def main() -> int:
     batch_size = ServerConfig.read().lane_settings(model)[model].batch_size
     parts = {
         "graphs": lambda: graphs_part(model, archive, batch_size, args.seconds, writer("graphs")),
-        "precision": lambda: precision_part(model, archive, eager, args.seconds, writer("precision")),
         "served": lambda: served_part(model, archive, args.seconds, writer("served")),
+        "precision": lambda: precision_part(model, archive, eager, args.seconds, writer("precision")),
     }
     for name, part in parts.items():
         if args.cpu_dry_run and name != "served":
