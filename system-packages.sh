@@ -20,7 +20,7 @@ need openjdk-17-jre-headless -- bash -c 'java -version 2>&1 | grep -q "version \
 if [ "$use" = test ] || [ "$use" = ci ]; then
     need wrk -- has wrk
     # jlink, jdeps and the jmods: the GPU serving bundle's Java runtime (make gpu-serving-bundle, its test)
-    need openjdk-17-jdk-headless -- bash -c 'ls /usr/lib/jvm/*17*/jmods/java.base.jmod && ls /usr/lib/jvm/*17*/bin/jlink'
+    need openjdk-17-jdk-headless -- has jlink jdeps
     need g++ -- has g++
     need prometheus -- has prometheus promtool
     # nginx with its njs module: the Kubernetes pod's token gateway (deploy/k8s/gateway/) in tests/integration/deploy
