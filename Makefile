@@ -39,7 +39,7 @@ TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
 .PHONY: venv venv-serving lock grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check image-test test-slow clean
+	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check-bundle gpu-serving-bundle gpu-device-prep gpu-check image-test test-slow clean
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
@@ -142,10 +142,20 @@ test-integration: archive model_store/digits-2.0.mar model_store/digits-2.0.mar.
 # available. Else: the CUDA check over the bundle (agreement with the CPU per format and precision, out-of-memory
 # survived per loader, rows/s by batch size; build/gpu-check/gpu-check.{md,json}), the tests marked gpu, then the
 # quick stream benchmark on CUDA in fp32 and bf16 autocast (a TorchServe lane: needs Java). About 8 minutes.
-# gpu-bundle: what the check reads (models, inputs, this machine's CPU answers), small enough to carry to a GPU
-# machine that has only torch (build/gpu-bundle, ~50 MiB).
-gpu-bundle: archive
+# gpu-bundle: both bundles a GPU machine without Java or network needs (docs/gpu.md).
+# gpu-check-bundle: what the check reads (models, inputs, this machine's CPU answers), small enough to carry to a
+# GPU machine that has only torch (build/gpu-bundle, ~50 MiB).
+# gpu-serving-bundle: TorchServe's frontend on a jlinked Java runtime, its slim jar, the ts package and wrk, with
+# start.sh (build/gpu-serving/torchserve, packed as torchserve.tar.xz, ~27 MiB).
+gpu-bundle: gpu-check-bundle gpu-serving-bundle
+gpu-check-bundle: archive
 	$(PY) -m scripts.gpu.bundle
+gpu-serving-bundle: $(STAMP)
+	$(PY) -m scripts.gpu.serving_bundle
+# gpu-device-prep: build/gpu-device, what each prepared device call carries (the serving bundle packed, digits.mar,
+# noop.mar, minilm's pruned weights, orjson's wheel); on the GPU machine: sh scripts/gpu/device_call.sh digits|minilm.
+gpu-device-prep: archive
+	$(PY) -m scripts.gpu.device_prep
 gpu-check: $(STAMP)
 	$(PY) -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "make gpu-check needs CUDA: torch.cuda.is_available() is False on this machine (torch " + torch.__version__ + "); run it where an NVIDIA GPU and a CUDA build of torch are")'
 	$(MAKE) gpu-bundle

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages this project needs, declared once, per use:
 #   serve  make serve                    Java 17 for TorchServe's frontend
-#   test   make test (and make bench)    + wrk, g++ (AOTInductor), Prometheus with promtool, nginx with njs
+#   test   make test (and make bench)    + wrk, g++ (AOTInductor), Prometheus with promtool, nginx with njs, the JDK's jlink
 #   ci     .ci/run                       + podman, runc, mmdebstrap (make image-test)
 # Missing ones are installed when this runs as root with apt-get (a fresh Debian machine); otherwise it stops
 # at once, printing the one command that installs them.
@@ -19,6 +19,8 @@ has() { for tool in "$@"; do command -v "$tool" || return 1; done; }
 need openjdk-17-jre-headless -- bash -c 'java -version 2>&1 | grep -q "version \"17"'
 if [ "$use" = test ] || [ "$use" = ci ]; then
     need wrk -- has wrk
+    # jlink, jdeps and the jmods: the GPU serving bundle's Java runtime (make gpu-serving-bundle, its test)
+    need openjdk-17-jdk-headless -- has jlink jdeps
     need g++ -- has g++
     need prometheus -- has prometheus promtool
     # nginx with its njs module: the Kubernetes pod's token gateway (deploy/k8s/gateway/) in tests/integration/deploy

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from handlers import cuda_graphs
 from handlers.decoding import Payload
 from handlers.errors import RequestError, SettingsError, is_out_of_memory, out_of_resources
 from handlers.model_files import compiled_precision, runs_under_autocast
@@ -86,6 +87,36 @@ class InferenceCore:
         self.pinned_copies = True
         # Micro-batches of one call run at once on these threads (run_passes_at_once); None: one after the other.
         self._passes: ThreadPoolExecutor | None = None
+        # -- GPU settings (handlers/device_settings.py): weights cast once, attention kernels, CUDA graphs --
+        self.input_dtype = AUTOCAST_DTYPES[settings.precision] if settings.device.cast_weights else None
+        settings.device.apply_sdpa_backends(device)
+        self.graphs: cuda_graphs.GraphRunner | None = None  # capture_graphs
+
+    def capture_graphs(self, max_rows: int) -> cuda_graphs.GraphRunner | None:
+        """Capture the forward pass for every bucket up to `max_rows` rows (the lane's batchSize), on the calling
+        thread; batches run through the graphs from then on. None on a CPU, which runs eagerly."""
+        if self.device.type != "cuda":
+            logger.warning("cuda_graphs is on but this worker runs on %s: running eagerly", self.device)
+            return None
+        item = getattr(self.task, "GRAPH_EXAMPLE_ITEM", None)
+        if item is None:
+            raise SettingsError(f"handler.cuda_graphs: task {self.task.name} cannot capture graphs (no example row)")
+        rows = cuda_graphs.batch_buckets(min(max_rows, self.settings.max_batch_rows))
+        max_seq_length = getattr(self.task, "max_seq_length", None)
+        lengths = None
+        if max_seq_length is not None:
+            lengths = self.settings.device.graph_sequence_buckets or cuda_graphs.sequence_buckets(max_seq_length)
+        example = self.task.collate([self.task.decode_instance(item)], None)
+
+        def forward(batch):
+            with self._autocast():
+                return self.task.forward(self.model, batch)
+
+        buckets = cuda_graphs.all_buckets(rows, lengths)
+        self.graphs = cuda_graphs.GraphRunner(forward, self.device, buckets, example, self.input_dtype)
+        shapes = ", ".join(map(str, buckets))
+        logger.info("captured %d CUDA graphs (%s), %.1f MiB", len(buckets), shapes, self.graphs.memory_bytes / 2**20)
+        return self.graphs
 
     def run_passes_at_once(self, passes: int) -> int:
         """Run up to `passes` micro-batches of one predict() at once, each on the calling pool thread (torch's own
@@ -288,10 +319,13 @@ class InferenceCore:
         # out-of-memory halves it): the shape, hence the kernels and the result, do not depend on the
         # other rows, and a halved step really halves the memory.
         started = time.perf_counter()
-        batch = self._to_device(self.task.collate(rows, pad_to if self.settings.deterministic else None))
+        batch = self.task.collate(rows, pad_to if self.settings.deterministic else None)
         collated = time.perf_counter()
-        with torch.inference_mode(), self._autocast(), self._pass_threads():
-            outputs = self.task.forward(self.model, batch)
+        outputs = self.graphs.replay(batch) if self.graphs is not None else None  # None: no bucket holds it
+        if outputs is None:
+            batch = self._to_device(batch)
+            with torch.inference_mode(), self._autocast(), self._pass_threads():
+                outputs = self.task.forward(self.model, batch)
         outputs = outputs[: len(rows)].float().cpu()  # waits for the device: the forward time is real
         computed = time.perf_counter()
         results = self.task.unbatch(outputs, rows)
@@ -304,6 +338,9 @@ class InferenceCore:
         return results
 
     def _to_device(self, batch: Any) -> Any:
+        if self.input_dtype is not None:  # weights cast once: float inputs follow them
+            cast = lambda t: t.to(self.input_dtype) if t.is_floating_point() else t  # noqa: E731
+            batch = {key: cast(value) for key, value in batch.items()} if isinstance(batch, dict) else cast(batch)
         if self.device.type != "cuda":
             return batch
         # Pinned host memory lets the copy overlap with work already queued on the GPU.
@@ -337,7 +374,7 @@ class InferenceCore:
         here. A precision that cannot apply (fp16 on a CPU, bf16 asked of an fp32 compiled file) runs as
         the file is, with a warning."""
         dtype = AUTOCAST_DTYPES.get(self.settings.precision)
-        if dtype is None:
+        if dtype is None or self.settings.device.cast_weights:
             return None
         model_file = Path(self.settings.model_file)
         if not runs_under_autocast(model_file):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from handlers.device_settings import DEVICE_KEYS, DeviceSettings
 from handlers.errors import SettingsError
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -87,6 +88,8 @@ class HandlerSettings:
     # whenever the worker's other threads (the frontend's reader, the collector) take a core. On a GPU: one.
     forward_passes: PerLane = 1
     task_options: Mapping[str, Any] = field(default_factory=dict)
+    # -- GPU: CUDA graphs, weights cast once, attention kernels (handlers/device_settings.py) --
+    device: DeviceSettings = field(default_factory=DeviceSettings)
 
     @classmethod
     def from_yaml(cls, model_yaml_config: Mapping[str, Any] | None, lane: str | None = None) -> HandlerSettings:
@@ -112,9 +115,11 @@ class HandlerSettings:
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
             mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
             forward_passes=section.get("forward_passes", cls.forward_passes),
-            task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
+            task_options={k: v for k, v in section.items() if k not in CORE_KEYS and k not in DEVICE_KEYS},
+            device=DeviceSettings.from_section(section),
         )
         settings.check()
+        settings.device.check_with(settings.precision, settings.model_file, settings.task_options.get("max_seq_length"))
         return settings
 
     def check(self) -> None:

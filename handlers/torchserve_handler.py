@@ -62,6 +62,8 @@ class UnifiedHandler:
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
+        if settings.device.graphs_for(lane):  # on this thread, the one TorchServe runs handle() on
+            self.core.capture_graphs(int(properties.get("batch_size") or 1))
         passes = self.core.run_passes_at_once(settings.passes_for(lane) or usable_cpus())
         self.limits = RequestLimits(
             lane,

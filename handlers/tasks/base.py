@@ -35,6 +35,8 @@ class Task(Protocol):
     # exactly the rows decode_instance gives item by item, or None to let the core decode item by item (it does
     # whenever an item is not of the plain kind, so errors name the first bad item as before).
 
+    # Optional: `GRAPH_EXAMPLE_ITEM`, a JSON instance decoded once to capture CUDA graphs (InferenceCore.capture_graphs).
+
     def decode_raw(self, body: bytes | str) -> Any:
         """One raw request body -> one row; raise RequestError naming what is wrong."""
 

@@ -68,6 +68,8 @@ class DigitClassification:
             raise RequestError('expected image bytes (or JSON {"instances": [...]}), got text')
         return image_to_grid(body, self.options.max_image_pixels, self.budget)
 
+    GRAPH_EXAMPLE_ITEM = [0] * 64  # decoded once to capture CUDA graphs (handlers/cuda_graphs.py)
+
     def decode_instance(self, item: Any) -> np.ndarray:
         if isinstance(item, np.ndarray):  # a row of an npy body or a columnar input (Parquet): checked as its list
             if item.size > PIXELS:  # named without a Python object per value

@@ -100,6 +100,8 @@ class TextEmbedding:
                 raise RequestError(f'body must be UTF-8 text (or JSON {{"instances": [str, ...]}}): {error}') from None
         return self._tokenize(self._checked(body))
 
+    GRAPH_EXAMPLE_ITEM = "a"  # decoded once to capture CUDA graphs (handlers/cuda_graphs.py)
+
     def decode_instance(self, item: Any) -> TokenizedText:
         if not isinstance(item, str):
             raise RequestError(f"expected a string, got {type(item).__name__}")

@@ -39,7 +39,7 @@ def digits_eager(folder: Path) -> DigitsNet:
     return model.eval()
 
 
-def rounded_encoder(folder: Path) -> SentenceEncoder:
+def rounded_encoder(folder: Path, weights: str = "weights_fp16.npz") -> SentenceEncoder:
     """all-MiniLM-L6-v2 from the bundle's fp16-rounded weights, run in fp32."""
     from transformers import BertConfig, BertModel, logging
 
@@ -47,7 +47,7 @@ def rounded_encoder(folder: Path) -> SentenceEncoder:
     config = BertConfig.from_dict(json.loads((folder / "config.json").read_text()))
     config._attn_implementation = "sdpa"  # as models/minilm/export.py builds it
     encoder = SentenceEncoder(BertModel(config, add_pooling_layer=False))
-    encoder.load_state_dict(_load_npz(folder / "weights_fp16.npz", torch.float32), strict=True)
+    encoder.load_state_dict(_load_npz(folder / weights, torch.float32), strict=True)
     return encoder.eval()
 
 
@@ -97,18 +97,29 @@ def examples(model: str, device: torch.device) -> tuple[tuple[torch.Tensor, ...]
     return (ids, mask), [{0: batch, 1: sequence}] * 2
 
 
-def write_format(model: str, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device) -> tuple[Path, float]:
+CAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def write_format(
+    model: str, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device, precision: str = "fp32"
+) -> tuple[Path, float]:
     """Export `eager` as `fmt` into `folder` with this torch. AOTInductor compiles for `device`, and TorchScript is
-    traced there (a trace keeps the devices its graph creates tensors on). (path, seconds)."""
+    traced there (a trace keeps the devices its graph creates tensors on). A half `precision` casts the weights
+    (and the example's float inputs) once before exporting, into <model>.<precision><suffix>: the program the
+    handler runs with cast_weights, without autocast. (path, seconds)."""
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{model}{SUFFIXES[fmt]}"
+    infix = f".{precision}" if precision in CAST_DTYPES else ""
+    path = folder / f"{model}{infix}{SUFFIXES[fmt]}"
     # TorchScript is traced where it will run; torch.export runs on the CPU (exporting minilm on CUDA adds a guard
     # on the sequence length from the attention kernel's alignment that the dynamic axis violates), and for
     # AOTInductor the CPU program is moved to the device before it is compiled there.
     trace_device = device if fmt == "torchscript" else torch.device("cpu")
-    module = eager.to(trace_device)
+    dtype = CAST_DTYPES.get(precision)
+    module = eager.to(trace_device) if dtype is None else eager.to(trace_device, dtype)
     inputs, axes = examples(model, trace_device)
+    if dtype is not None:
+        inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
     names = (["grids"], "probabilities") if model == "digits" else (["input_ids", "attention_mask"], "embeddings")
     with torch.no_grad(), export_formats.strict_fp32():
         if fmt == "torchscript":
@@ -128,5 +139,5 @@ def write_format(model: str, eager: torch.nn.Module, fmt: str, folder: Path, dev
                     program, input_names=names[0], output_names=[names[1]], dynamo=True, optimize=True
                 )
                 onnx_program.save(str(path), external_data=False)
-    eager.to("cpu")
+    eager.to("cpu", torch.float32)
     return path, time.perf_counter() - started

@@ -28,6 +28,13 @@ def check_java() -> None:
         raise ConfigError(JAVA_HELP)
 
 
+def torchserve_command() -> list[str]:
+    """The torchserve console script; where ts is only on PYTHONPATH (the GPU serving bundle, scripts/gpu/
+    serving_bundle.py) there is none, and the module runs as itself."""
+    script = BIN / "torchserve"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ts.model_server"]
+
+
 def free_ports(names=("inference", "management", "metrics", "grpc_inference", "grpc_management", "workers")) -> dict[str, int]:
     return {name: free_port() for name in names}
 
@@ -64,7 +71,7 @@ class Server:
         """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode."""
         check_java()
         command = [
-            str(BIN / "torchserve"),
+            *torchserve_command(),
             "--start",
             "--ncs",
             "--ts-config",

@@ -29,8 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scripts.server",),
     ("scripts.clients",),
     ("scripts.jobs", "scripts.swap", "scripts.deploy", "scripts.container"),
-    ("scripts.verify", "scripts.bench", "scripts.image_check", "scripts.gpu", "scripts.streams"),
-    ("scripts.hardening",),
+    ("scripts.verify", "scripts.bench", "scripts.image_check", "scripts.streams"),
+    ("scripts.hardening", "scripts.gpu"),
 )
 # The serving image (Dockerfile) runs the container's commands only: its archives are built and tested outside it.
 IMAGE_COMMANDS = (
