@@ -1,6 +1,6 @@
 """The GPU settings of the `handler:` section: CUDA graphs per lane, weights cast once, the attention kernels.
 Read and checked here, apart from the lanes' batching settings (handlers/settings.py). All off by default: none
-has been measured on a GPU yet (docs/gpu.md, "Unmeasured")."""
+has been measured on a GPU yet (docs/gpu.md, "GPU settings")."""
 
 from __future__ import annotations
 
