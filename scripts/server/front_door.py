@@ -576,8 +576,14 @@ class FrontDoor:
         if daemon:
             # It outlives us: it must not hold our stdout (a pipe would never close).
             with open(self.folder / "nginx.out", "ab") as log:
-                subprocess.run(
-                    self._command(daemon=True), check=True, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                started = subprocess.run(
+                    self._command(daemon=True), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            if started.returncode != 0:
+                tail = (self.folder / "nginx.out").read_text().strip().splitlines()[-1:]
+                raise ServerError(
+                    f"nginx did not start (status {started.returncode}): {' '.join(tail)} "
+                    "(is a front door already running? `make stop`)"
                 )
         else:
             with open(self.folder / "nginx.out", "ab") as log:
