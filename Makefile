@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # Dependencies: requirements*.txt name the direct pins by layer; locks/ holds what pip installs, every package
 # pinned with its sha256 (`make lock` writes them with uv; pip installs them with --require-hashes). CPU locks take
 # torch's CPU wheel (here from /opt/wheels; elsewhere TORCH_CPU_WHEELS=https://download.pytorch.org/whl/cpu/torch);
-# the image's default serving lock is PyPI's CUDA build (docs/architecture.md §6).
+# the image's default serving lock is PyPI's CUDA build (docs/architecture.md, "Layers").
 TOOLS_LOCK := locks/tools-cpu.txt
 SERVING_LOCK ?= locks/serving-cpu.txt
 NODEPS_LOCK := locks/serving-nodeps.txt
