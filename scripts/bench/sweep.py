@@ -90,12 +90,13 @@ def kept_now(key: str, model: str, settings: dict) -> bool:
 def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = kept_now) -> str:
     """The "peer sweeps" section from every sweep file's results (peer key -> its JSON)."""
     lines = [
-        "## Peers' sweeps: every setting tried, the best kept",
+        "## Peers' sweeps: the best setting of each peer, and the one kept",
         "",
         "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (CANDIDATES in its file under "
         "scripts/bench/peers/) started one after the other, checked to answer as the lane does, then wrk "
         "at each load; the best is the most req/s at the highest load (the lower p99 within 3%). `make bench` runs "
-        'each peer with its file\'s SETTINGS; "kept" marks them (they should be the best).',
+        'each peer with its file\'s SETTINGS; "kept" marks them (they should be the best). Shown: the best, the kept '
+        "and the failed candidates; every candidate's figures are in build/bench/sweep-<peer>.json.",
         "",
         *(
             f"{data['peer']}: run {data['date']}, {data['seconds']:g} s per point after a {data['warmup']:g} s warm-up."
@@ -117,10 +118,12 @@ def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = k
                     ("kept", kept(key, model, trial["settings"])),
                 )
                 marks = [mark for mark, on in flags if on]
+                if not marks and not trial["failed"]:
+                    continue
                 if trial["failed"]:
                     cells[0] = f"failed: {trial['failed'][:200]}"
                 row = f"| {data['peer']} | {model} | {describe(trial['settings'])} | " + " | ".join(cells)
-                lines.append(row + f" | {', '.join(marks)} |")
+                lines.append(row + f" | {', '.join(marks)}{f' (of {len(trials)} tried)' if marks else ''} |")
     return "\n".join(lines)
 
 

@@ -132,12 +132,12 @@ def test_the_sweep_keeps_the_most_requests_at_the_top_load_and_the_lower_p99_whe
     assert not sweep.kept_now("flask", "digits", {"workers": 99, "threads": 1})
 
 
-def test_the_sweep_section_lists_every_candidate_with_best_kept_and_failures():
+def test_the_sweep_section_shows_the_best_the_kept_and_the_failed_candidates():
     def trial(settings, rate, failed=""):
         runs = {} if failed else {"1": run(1, 100), "64": run(64, rate)}
         return {"settings": settings, "runs": runs, "failed": failed}
 
-    trials = [trial({"m": 10}, 500), trial({"m": 100}, 900), trial({"m": 1}, 0, "boom")]
+    trials = [trial({"m": 10}, 500), trial({"m": 100}, 900), trial({"m": 1}, 0, "boom"), trial({"m": 5}, 400)]
     data = {
         "peer": "BentoML",
         "date": "2026-11-30",
@@ -150,6 +150,7 @@ def test_the_sweep_section_lists_every_candidate_with_best_kept_and_failures():
         {"bentoml": data}, kept=lambda key, model, settings: (key, model, settings) == ("bentoml", "digits", {"m": 10})
     )
     assert "BentoML: run 2026-11-30, 2 s per point after a 1 s warm-up." in text
-    assert "| BentoML | digits | m=10 | 100, 1.0 / 2.0 | 500, 1.0 / 2.0 | kept |" in text
-    assert "| BentoML | digits | m=100 | 100, 1.0 / 2.0 | 900, 1.0 / 2.0 | best |" in text
+    assert "| BentoML | digits | m=10 | 100, 1.0 / 2.0 | 500, 1.0 / 2.0 | kept (of 4 tried) |" in text
+    assert "| BentoML | digits | m=100 | 100, 1.0 / 2.0 | 900, 1.0 / 2.0 | best (of 4 tried) |" in text
     assert "| BentoML | digits | m=1 | failed: boom | - |  |" in text
+    assert "m=5" not in text
