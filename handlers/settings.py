@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handlers.errors import SettingsError
+from handlers.priority import PerLanePriority, check_priority, priority_for
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
@@ -24,6 +25,7 @@ CORE_KEYS = (
     "fast_protocol",
     "mmap_threshold_mib",
     "forward_passes",
+    "priority",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
@@ -86,6 +88,9 @@ class HandlerSettings:
     # A bulk lane on the CPU: passes of one thread each keep both cores busy without OpenMP's barriers, which stall
     # whenever the worker's other threads (the frontend's reader, the collector) take a core. On a GPU: one.
     forward_passes: PerLane = 1
+    # interactive | background, or per lane ({lane: ..., default: ...}); null: lanes named *-bulk background, the
+    # others interactive (handlers/priority.py). A background lane's worker runs every thread at SCHED_IDLE.
+    priority: PerLanePriority = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -112,6 +117,7 @@ class HandlerSettings:
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
             mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
             forward_passes=section.get("forward_passes", cls.forward_passes),
+            priority=section.get("priority", cls.priority),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS},
         )
         settings.check()
@@ -135,6 +141,7 @@ class HandlerSettings:
             raise SettingsError(
                 f"handler.mmap_threshold_mib is at most {MAX_MMAP_THRESHOLD_MIB} (glibc's limit), got {self.mmap_threshold_mib!r}"
             )
+        check_priority(self.priority)
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
         if not isinstance(self.fast_protocol, bool):
@@ -167,6 +174,10 @@ class HandlerSettings:
     def passes_for(self, lane: str) -> int | None:
         """Micro-batches a worker of `lane` runs at once, None for one per usable CPU."""
         return _for_lane(self.forward_passes, lane)
+
+    def priority_for(self, lane: str | None) -> str:
+        """interactive or background for a worker of `lane` (handlers/priority.py)."""
+        return priority_for(self.priority, lane)
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

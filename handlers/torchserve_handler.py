@@ -21,6 +21,7 @@ from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.host_memory import MIB, HostMemory
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
+from handlers.priority import BACKGROUND, OMP_WAIT_POLICY, apply_priority, waits_passively
 from handlers.settings import HandlerSettings
 from handlers.worker_protocol import install as install_frame_reader
 from handlers.worker_protocol import torchserve_worker
@@ -53,12 +54,25 @@ class UnifiedHandler:
         os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
+        # Before any torch op: the intra-op pool and the pass threads are started after this and inherit the policy.
+        priority = settings.priority_for(context.model_name)
+        switched = apply_priority(priority)
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
         self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)
         logger.setLevel(configure_logging(context.model_yaml_config))  # this module is packed outside `handlers`
+        logger.info("model %s: priority %s (%d threads at SCHED_IDLE)", context.model_name, priority, switched)
+        if priority == BACKGROUND and not waits_passively():
+            logger.warning(
+                "model %s: background lane but %s is %r: its OpenMP threads spin between passes; start TorchServe "
+                "with %s=PASSIVE (scripts/server/process.py does)",
+                context.model_name,
+                OMP_WAIT_POLICY,
+                os.environ.get(OMP_WAIT_POLICY),
+                OMP_WAIT_POLICY,
+            )
         device = select_device(properties.get("gpu_id"))
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from handlers.priority import OMP_WAIT_POLICY, PASSIVE
 from scripts.errors import ConfigError, ServerError
 from scripts.layout import ROOT
 from scripts.server.endpoints import Endpoints
@@ -65,6 +66,7 @@ class Server:
             str(self.model_store),
         ]
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TMPDIR": str(self._tmpdir())}
+        env.update(worker_environment(env))
         if foreground:
             log = open(self.workdir / "torchserve.out", "wb")
             return subprocess.Popen(
@@ -132,6 +134,13 @@ class Server:
             subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
             return
         stop_process_group(process, timeout=30)
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What the workers need in the frontend's environment (it passes its own to each): OpenMP waiting passively,
+    which libgomp reads when torch loads, before any handler code runs; a stream worker with one torch thread has no
+    OpenMP team to wait, so only the bulk lanes' threads change. A value the user set is kept."""
+    return {OMP_WAIT_POLICY: environ.get(OMP_WAIT_POLICY, PASSIVE)}
 
 
 def wait_until(
