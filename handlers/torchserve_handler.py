@@ -19,12 +19,14 @@ from handlers.decoding import NO_LIMITS, RequestLimits, read_request
 from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.host_memory import MIB, HostMemory
+from handlers.lane_signal import LaneSignal, device_name
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.priority import BACKGROUND, OMP_WAIT_POLICY, apply_priority, waits_passively
 from handlers.settings import HandlerSettings
 from handlers.worker_protocol import install as install_frame_reader
 from handlers.worker_protocol import torchserve_worker
+from handlers.yielding import YieldingPasses
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ class UnifiedHandler:
         self.timeout: LaneTimeout | None = None
         self.memory = HostMemory(None)
         self.collector: PacedCollector | None = None  # only in a TorchServe worker (initialize)
+        # An interactive lane raises its device's signal around each batch; a background lane yields to it.
+        self.signal: LaneSignal | None = None
 
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
@@ -77,6 +81,7 @@ class UnifiedHandler:
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
         passes = self.core.run_passes_at_once(settings.passes_for(lane) or usable_cpus())
+        self._share_device(priority, settings, device, passes)
         self.limits = RequestLimits(
             lane,
             settings.rows_for(lane),
@@ -117,12 +122,30 @@ class UnifiedHandler:
             self.collector = PacedCollector()
             self.collector.start()
 
+    def _share_device(self, priority: str, settings: HandlerSettings, device: torch.device, passes: int) -> None:
+        """The stream lanes' busy signal of this device (handlers/lane_signal.py): raised by this lane, or yielded to."""
+        pass_s = settings.yield_pass_s()
+        if pass_s == 0:
+            return
+        self.signal = LaneSignal(device_name(device))
+        if priority == BACKGROUND:
+            full = settings.max_batch_rows * passes
+            self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s)
+        elif self.signal.claim() is None:
+            logger.warning("every slot of %s is taken: this worker's batches are not signalled", self.signal.path)
+
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:
             self.timeout.running(len(data))
         try:
+            if self.signal is not None and self.core.yielding is None:
+                with self.signal.raised():
+                    return self.answer_batch(data, context)
             return self.answer_batch(data, context)
         finally:
+            if self.core.yielding is not None:
+                taken = self.core.yielding.stats.take()
+                self.metrics.yielded(taken.yielded_s, taken.holds_s)
             if self.timeout is not None:
                 self.timeout.done()
             if self.collector is not None:

@@ -4,11 +4,14 @@ stream lane's workers and the frontend stay normal; an unknown handler.priority 
 from __future__ import annotations
 
 import os
+import threading
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import pytest
+import requests
 import yaml
 
 from handlers.priority import OMP_WAIT_POLICY, PASSIVE, thread_policies
@@ -94,3 +97,38 @@ def _registered(api: ManagementApi, lane: str) -> bool:
     except ManagementError:
         return False
     return True
+
+
+def series_sum(metrics_text: str, name: str, lane: str) -> float:
+    """The sum of one lane's series `name` in TorchServe's /metrics text (0 when absent)."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "{") and f'lane="{lane}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_the_bulk_lane_yields_to_stream_traffic_and_reports_it(digits_server):
+    metrics_url = f"{digits_server.endpoints.metrics}/metrics"
+    before = series_sum(requests.get(metrics_url, timeout=30).text, "HandlerYieldHoldSeconds_count", "digits-bulk")
+    grids, _ = held_out(4)
+    one = orjson.dumps({"instances": [grids[0].astype(int).flatten().tolist()]})
+    stop = threading.Event()
+
+    def stream() -> int:
+        sent = 0
+        while not stop.is_set():
+            assert predict(digits_server.endpoints, "digits", one, "application/json").status_code == 200
+            sent += 1
+        return sent
+
+    with ThreadPoolExecutor(2) as pool:
+        senders = [pool.submit(stream) for _ in range(2)]
+        for _ in range(3):
+            busy(digits_server, "digits-bulk", 20_000)
+        stop.set()
+        assert all(sender.result() > 0 for sender in senders)
+    text = requests.get(metrics_url, timeout=30).text
+    assert series_sum(text, "HandlerYieldHoldSeconds_count", "digits-bulk") > before  # it saw the stream lane rise
+    assert series_sum(text, "HandlerYieldSeconds_count", "digits-bulk") >= 3
+    assert series_sum(text, "HandlerYieldHoldSeconds_count", "digits") == 0  # stream lanes never yield
