@@ -16,6 +16,7 @@ from handlers.collector import PacedCollector
 from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
+from handlers.device_priority import enter_device_priority, set_mps_priority
 from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.host_memory import MIB, HostMemory
@@ -61,6 +62,7 @@ class UnifiedHandler:
         # Before any torch op: the intra-op pool and the pass threads are started after this and inherit the policy.
         priority = settings.priority_for(context.model_name)
         switched = apply_priority(priority)
+        set_mps_priority(priority)  # before the first CUDA call makes the context
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
         self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
@@ -78,6 +80,7 @@ class UnifiedHandler:
                 OMP_WAIT_POLICY,
             )
         device = select_device(properties.get("gpu_id"))
+        enter_device_priority(device, priority)
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
         passes = self.core.run_passes_at_once(settings.passes_for(lane) or usable_cpus())

@@ -27,7 +27,9 @@ from tqdm import tqdm
 
 from handlers.collector import PacedCollector
 from handlers.core import torch_threads
+from handlers.lane_signal import LaneSignal, device_name
 from handlers.priority import enter_background
+from handlers.yielding import YieldingPasses
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
@@ -197,7 +199,12 @@ def _runner(config: JobConfig):
 
         return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address, config.background)
     if config.in_process:
-        return InProcessRunner(load_core(archive), archive)
+        core = load_core(archive)
+        if config.background:
+            # The stream lanes of this host and device come first here too (handlers/yielding.py).
+            full = core.settings.max_batch_rows * forward_workers(config)
+            core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, core.device.type == "cpu")
+        return InProcessRunner(core, archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
     server = ServerConfig.read(config.config)

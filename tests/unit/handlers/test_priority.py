@@ -72,3 +72,20 @@ def test_enter_background_puts_threads_that_exist_and_threads_started_later_at_s
 
 def test_this_process_reads_its_own_threads_at_the_normal_policy():
     assert set(thread_policies().values()) == {os.SCHED_OTHER}
+
+
+UNPRIVILEGED_CHILD = """
+import json, os, threading
+from handlers.priority import enter_background, thread_policies
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # as the pod's non-root user with every capability dropped
+assert os.getuid() == 65534
+enter_background()
+print(json.dumps(sorted(set(thread_policies().values()))))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops root to an unprivileged user; this process is already one")
+def test_an_unprivileged_process_without_capabilities_enters_idle_priority():
+    done = subprocess.run([sys.executable, "-c", UNPRIVILEGED_CHILD], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == f"[{os.SCHED_IDLE}]"
