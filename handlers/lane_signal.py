@@ -75,6 +75,11 @@ class LaneSignal:
                 oldest = value
         return oldest
 
+    def rises(self, now_ns: int | None = None) -> list[int]:
+        """When each raised slot rose (time.monotonic_ns), the stale left out."""
+        fresh = (now_ns if now_ns is not None else time.monotonic_ns()) - int(STALE_S * 1e9)
+        return [value for value in self._slots if value > fresh]
+
     def close(self) -> None:
         self._slots.release()
         self._map.close()

@@ -4,6 +4,11 @@ Linux runs a SCHED_IDLE thread only on a core no normal thread wants, and a norm
 at once: the bulk lanes and batch jobs take what the stream lanes leave, and all of it when they are idle. The
 policy is per thread: the process's threads that exist are switched one by one, and every thread started later
 inherits its creator's policy. Lowering one's own priority needs no privilege (a non-root container keeps it).
+
+Where the kernel groups tasks by session (autogroup: sched_autogroup_enabled, tasks in the root cgroup), the policy
+orders threads only within their session, and sessions share the CPU as equals. A TorchServe's lanes share one
+session, so its bulk lanes yield to its stream lanes; a background process that leads a session of its own (a job
+started with `setsid`, by a service, by the bench) also sets its session's nice to 19, so it yields to the others.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ BULK_SUFFIX = "-bulk"
 DEFAULT_LANE = "default"
 # The field of /proc/<pid>/task/<tid>/stat that holds the thread's scheduling policy (proc(5), counted from 1).
 POLICY_FIELD = 41
+AUTOGROUP = Path("/proc/self/autogroup")
+AUTOGROUP_NICE = "19"
 # OpenMP's threads wait for work by sleeping, not spinning: libgomp reads this once when it is loaded, which in a
 # TorchServe worker is before any handler code runs, so it comes from the server's environment (handled there).
 OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
@@ -72,7 +79,19 @@ def enter_background() -> int:
             switched += 1
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
+    lower_own_session()
     return switched
+
+
+def lower_own_session() -> bool:
+    """nice 19 for this process's autogroup when it leads its session (so the group is its own); False otherwise."""
+    if os.getsid(0) != os.getpid() or not AUTOGROUP.exists():
+        return False
+    try:
+        AUTOGROUP.write_text(AUTOGROUP_NICE)
+    except OSError:  # no autogroup support, or a kernel that refuses
+        return False
+    return True
 
 
 def apply_priority(priority: str) -> int:

@@ -148,7 +148,7 @@ class UnifiedHandler:
         finally:
             if self.core.yielding is not None:
                 taken = self.core.yielding.stats.take()
-                self.metrics.yielded(taken.yielded_s, taken.holds_s)
+                self.metrics.yielded(taken.yielded_s, taken.holds_s + taken.holds_after_full_s)
             if self.timeout is not None:
                 self.timeout.done()
             if self.collector is not None:

@@ -29,15 +29,17 @@ LEARNING = 0.3
 @dataclass
 class YieldStats:
     """What the yielding cost and bounded, since the last `take()`: seconds spent yielding, passes cut short,
-    and each observed hold (seconds from a signal's rise to this lane's next yield point)."""
+    and each observed hold (seconds from a signal's rise to this lane's next yield point), kept apart by the pass it
+    rose during: a bounded one (the signal was already up) or a full one (it rose while the lane ran alone)."""
 
     yielded_s: float = 0.0
     cut_passes: int = 0
-    holds_s: list[float] = field(default_factory=list)
+    holds_s: list[float] = field(default_factory=list)  # rose during a bounded pass
+    holds_after_full_s: list[float] = field(default_factory=list)  # rose during a full-size pass
 
     def take(self) -> YieldStats:
-        taken = YieldStats(self.yielded_s, self.cut_passes, self.holds_s)
-        self.yielded_s, self.cut_passes, self.holds_s = 0.0, 0, []
+        taken = YieldStats(self.yielded_s, self.cut_passes, self.holds_s, self.holds_after_full_s)
+        self.yielded_s, self.cut_passes, self.holds_s, self.holds_after_full_s = 0.0, 0, [], []
         return taken
 
 
@@ -57,7 +59,8 @@ class YieldingPasses:
         self.max_wait_s = max_wait_s
         self.unit_s: float | None = None  # seconds per padded unit (rows x the longest row's cost) of a pass
         self.stats = YieldStats()
-        self._seen_rise = 0
+        self._seen_rises: set[int] = set()
+        self._last_bounded = False
 
     def run(self, rows: Sequence[Any], cost: Callable[[Any], int], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
         """Results of `rows` in their order, `run` called on consecutive slices of them sorted by cost."""
@@ -65,7 +68,7 @@ class YieldingPasses:
         results: list[Any] = [None] * len(rows)
         start = 0
         while start < len(order):
-            bounded = self._yield_if_raised()
+            bounded = self._last_bounded = self._yield_if_raised()
             count = self.bounded_rows(order[start:], rows, cost) if bounded else self.full_rows
             self.stats.cut_passes += bounded and count < min(self.full_rows, len(order) - start)
             part = order[start : start + count]
@@ -89,12 +92,13 @@ class YieldingPasses:
         return count
 
     def _yield_if_raised(self) -> bool:
-        rose = self.signal.raised_since()
-        if not rose:
+        rises = self.signal.rises()
+        if not rises:
             return False
-        if rose != self._seen_rise:
-            self._seen_rise = rose
-            self.stats.holds_s.append(max(0.0, (time.monotonic_ns() - rose) / 1e9))
+        now = time.monotonic_ns()
+        holds = self.stats.holds_s if self._last_bounded else self.stats.holds_after_full_s
+        holds.extend((now - rose) / 1e9 for rose in rises if rose not in self._seen_rises)
+        self._seen_rises = set(rises)  # only the raised ones: a slot's next rise has a later clock
         started = time.perf_counter()
         if self.on_cpu:
             os.sched_yield()

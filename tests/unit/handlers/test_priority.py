@@ -89,3 +89,21 @@ print(json.dumps(sorted(set(thread_policies().values()))))
 def test_an_unprivileged_process_without_capabilities_enters_idle_priority():
     done = subprocess.run([sys.executable, "-c", UNPRIVILEGED_CHILD], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == f"[{os.SCHED_IDLE}]"
+
+
+SESSION_CHILD = """
+from pathlib import Path
+from handlers.priority import enter_background
+enter_background()
+print(Path("/proc/self/autogroup").read_text().split()[-1])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroup")
+def test_a_background_process_leading_its_own_session_lowers_the_sessions_nice():
+    alone = subprocess.run(
+        [sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True, start_new_session=True
+    )
+    assert alone.stdout.strip().splitlines()[-1] == "19"
+    shared = subprocess.run([sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True)
+    assert shared.stdout.strip().splitlines()[-1] == open("/proc/self/autogroup").read().split()[-1]  # the session's own

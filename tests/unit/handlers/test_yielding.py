@@ -33,7 +33,8 @@ def test_passes_are_full_size_while_no_stream_lane_is_busy(tmp_path):
     sizes, results = passes_of(yielding, list(range(300)))
     assert sizes == [64, 64, 64, 64, 44]
     assert results == [row * 10 for row in range(300)]
-    assert yielding.stats.cut_passes == 0 and yielding.stats.holds_s == [] and yielding.stats.yielded_s == 0
+    assert yielding.stats.cut_passes == 0 and yielding.stats.yielded_s == 0
+    assert yielding.stats.holds_s == [] and yielding.stats.holds_after_full_s == []
 
 
 def test_passes_shrink_to_the_time_bound_and_the_lane_yields_while_a_stream_lane_is_busy(tmp_path):
@@ -47,7 +48,8 @@ def test_passes_shrink_to_the_time_bound_and_the_lane_yields_while_a_stream_lane
     # 0.2 ms a row (and the clock's overhead): at most 5 rows fit 1 ms, never a full pass.
     assert max(sizes) <= 5 and sum(sizes) == 200
     assert yielding.stats.cut_passes >= len(sizes) - 1  # the last may hold all that was left
-    assert len(yielding.stats.holds_s) == 1  # one rise, seen at the first yield point
+    # One rise, seen at the first yield point, before any pass: not after a bounded pass.
+    assert yielding.stats.holds_after_full_s != [] and yielding.stats.holds_s == []
     assert yielding.stats.yielded_s > 0
 
 
@@ -102,3 +104,22 @@ def test_a_slot_left_raised_by_a_worker_that_died_mid_batch_is_stale_after_the_l
         assert rose > 0
         assert reader.raised_since(now_ns=rose + int((STALE_S + 1) * 1e9)) == 0
     assert reader.raised_since() == 0
+
+
+def test_a_rise_during_a_bounded_pass_is_held_apart_from_one_during_a_full_pass(tmp_path):
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001)
+    first, second = stream.raised(), stream.raised()
+    first.__enter__()
+
+    def rise_again(passes: int) -> None:
+        if passes == 5:  # a new rise while the passes are bounded
+            first.__exit__(None, None, None)
+            second.__enter__()
+
+    passes_of(yielding, list(range(50)), rise_again)
+    second.__exit__(None, None, None)
+    assert len(yielding.stats.holds_after_full_s) == 1 and len(yielding.stats.holds_s) == 1
+    taken = yielding.stats.take()
+    assert len(taken.holds_s) == 1 and yielding.stats.holds_s == [] and yielding.stats.cut_passes == 0
