@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,14 +56,14 @@ class Plan:
     seconds: float = 5.0
     warmup: float = 1.0
     job_seconds: float = 10.0  # the job alone, no traffic
-    job_rows: tuple[tuple[str, int], ...] = (("digits", 200_000), ("minilm", 2_000))
+    job_rows: tuple[tuple[str, int], ...] = (("digits", 500_000), ("minilm", 2_000))  # long: few restarts (start-up is seconds)
     probe_seconds: float = 4.0
 
     def rows(self, model: str) -> int:
         return dict(self.job_rows)[model]
 
 
-QUICK = Plan(seconds=2.0, warmup=0.5, job_seconds=5.0, job_rows=(("digits", 60_000), ("minilm", 400)), probe_seconds=2.0)
+QUICK = Plan(seconds=2.0, warmup=0.5, job_seconds=5.0, job_rows=(("digits", 200_000), ("minilm", 600)), probe_seconds=2.0)
 
 
 @dataclass
@@ -114,7 +115,8 @@ class JobLoop:
     so far read from each job's progress file, each finished job's output checked: every row exactly once."""
 
     def __init__(self, model: str, source: Path, folder: Path, args: list[str]) -> None:
-        self.model, self.source, self.folder, self.args = model, source, folder, args
+        self.model, self.source, self.args = model, source, args
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{model}-jobs-", dir=folder))  # no other loop's leftovers
         self.rows = pq.read_metadata(source).num_rows
         self.finished = 0
         self._lock = threading.Lock()  # the rows of finished jobs and the running job's output change together
@@ -135,6 +137,7 @@ class JobLoop:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
         self._thread.join(timeout=120)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def rows_done(self) -> int:
         with self._lock:
@@ -157,10 +160,11 @@ class JobLoop:
             command += ["--output", str(output), "--overwrite", "--no-progress", *self.args]
             with self._lock:
                 self._output = output
-            # A session of its own, as `setsid` gives it: its idle priority then holds against the other sessions where
-            # the kernel groups by session (handlers/priority.py).
+            # In the bench's session with the TorchServe it serves beside (process groups of their own): where the
+            # kernel groups by session, idle priority orders threads within one (handlers/priority.py), as on a
+            # machine or in a pod of their own; the other sessions of this shared machine get their fair share.
             self._process = subprocess.Popen(
-                command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+                command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, process_group=0
             )
             _, stderr = self._process.communicate()
             if self._stop.is_set():
@@ -248,7 +252,8 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
     source = job_input(model, plan.rows(model), workdir)
     body = request_body(model)
     server_job = ["--chunk-size", "1000" if model == "digits" else "32"]
-    with serving_in(workdir / "server", {f"{model}.mar": MODEL_STORE / f"{model}.mar"}, only_lanes_of(f"{model}.mar")) as server:
+    archives = {f"{model}.mar": MODEL_STORE / f"{model}.mar"}
+    with serving_in(workdir / "server", archives, only_lanes_of(f"{model}.mar"), own_session=False) as server:
         endpoints = server.endpoints
         target = loadgen.Target(endpoints.prediction_url(model), body, JSON, endpoints.token("inference"))
         capacity = loadgen.closed_loop(target, 16, plan.seconds, warmup_s=plan.warmup).rps
@@ -281,7 +286,7 @@ def baseline(model: str, source: Path, plan: Plan, workdir: Path, job_args: list
     )
     with (
         _environment(OMP_WAIT_POLICY, ""),
-        serving_in(workdir / "off-server", {f"{model}.mar": archive}, only_lanes_of(f"{model}.mar")) as server,
+        serving_in(workdir / "off-server", {f"{model}.mar": archive}, only_lanes_of(f"{model}.mar"), own_session=False) as server,
     ):
         config = ["--config", str(server.config), "--key-file", str(server.endpoints.key_file), "--normal-priority"]
         with JobLoop(model, source, workdir, [*job_args, *config]) as job:
@@ -317,6 +322,8 @@ while time.monotonic() < deadline:
         time.sleep(random.uniform(0.005, 0.015))
     time.sleep(random.uniform(0.002, 0.020))
 """
+# Rows of one bulk request in the hold measurement: a few seconds of work at most, so it ends soon after the raisers.
+HOLD_ROWS = {"digits": 4096, "minilm": 96}
 RAISERS = 2  # two stream workers, rising independently: one rises while the other's rise has cut the passes
 
 BUSY = """
@@ -328,7 +335,7 @@ if sys.argv[3] == "idle":
     enter_background()
 core = load_core(__import__("pathlib").Path(sys.argv[1]))
 core.run_passes_at_once(2)
-rows = bulk_rows(core, 4096)
+rows = bulk_rows(core, int(sys.argv[4]))
 deadline = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < deadline:
     core.predict(rows)
@@ -358,7 +365,8 @@ def holds(model: str, plan: Plan) -> HoldResult:
     archive = MODEL_STORE / f"{model}.mar"
     core = load_core(archive)
     core.run_passes_at_once(2)
-    rows = bulk_rows(core, 4096)
+    count = HOLD_ROWS[model]
+    rows = bulk_rows(core, count)
     with tempfile.TemporaryDirectory(prefix="signal-") as folder:
         yielding = YieldingPasses(LaneSignal("cpu", Path(folder)), core.settings.max_batch_rows * 2, on_cpu=True)
         core.yielding = yielding
@@ -370,7 +378,8 @@ def holds(model: str, plan: Plan) -> HoldResult:
     stats = yielding.stats
     wake = {"nothing beside": _wakeups(plan.probe_seconds)}
     for priority in ("normal", "idle"):
-        busy = subprocess.Popen([sys.executable, "-c", BUSY, str(archive), str(plan.probe_seconds + 3), priority], cwd=ROOT)
+        command = [sys.executable, "-c", BUSY, str(archive), str(plan.probe_seconds + 3), priority, str(count)]
+        busy = subprocess.Popen(command, cwd=ROOT)
         time.sleep(2.5)  # the core loaded and running
         wake[f"bulk core at {priority}"] = _wakeups(plan.probe_seconds)
         busy.wait()

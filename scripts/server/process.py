@@ -53,8 +53,10 @@ class Server:
     def endpoints(self) -> Endpoints:
         return Endpoints.from_config(self.config, self.workdir / "key_file.json")
 
-    def start(self, foreground: bool = False) -> subprocess.Popen | None:
-        """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode."""
+    def start(self, foreground: bool = False, own_session: bool = True) -> subprocess.Popen | None:
+        """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode.
+        own_session=False: a process group in the caller's session, whose CPU share the kernel's autogroup then
+        shares with it (the beside-a-job bench: its jobs' idle priority is ordered against the lanes only there)."""
         check_java()
         command = [
             str(BIN / "torchserve"),
@@ -75,7 +77,7 @@ class Server:
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                **({"start_new_session": True} if own_session else {"process_group": 0}),
             )
         # Daemon mode: the JVM outlives us, so it must not hold our stdout (a pipe would never close).
         (self.workdir / "logs").mkdir(exist_ok=True)

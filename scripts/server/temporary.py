@@ -16,7 +16,11 @@ from scripts.server.process import Server, free_ports
 
 @contextlib.contextmanager
 def serving_in(
-    workdir: Path, archives: dict[str, Path], overrides: dict[str, str] | None = None, models: list[str] | None = None
+    workdir: Path,
+    archives: dict[str, Path],
+    overrides: dict[str, str] | None = None,
+    models: list[str] | None = None,
+    own_session: bool = True,
 ) -> Iterator[Server]:
     """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
     store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped."""
@@ -28,7 +32,7 @@ def serving_in(
         MarFile(source).copy(store / name)  # with its recorded sha256, so the copy can be registered
     config = ServerConfig.read().render(workdir / "config.properties", store, free_ports(), overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
-    process = server.process = server.start(foreground=True)
+    process = server.process = server.start(foreground=True, own_session=own_session)
     try:
         server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
         yield server
