@@ -27,7 +27,7 @@ from handlers.priority import BACKGROUND, OMP_WAIT_POLICY, apply_priority, waits
 from handlers.settings import HandlerSettings
 from handlers.worker_protocol import install as install_frame_reader
 from handlers.worker_protocol import torchserve_worker
-from handlers.yielding import YieldingPasses
+from handlers.yielding import YieldingPasses, default_pass_s
 
 logger = logging.getLogger(__name__)
 
@@ -131,11 +131,14 @@ class UnifiedHandler:
         if pass_s == 0:
             return
         self.signal = LaneSignal(device_name(device))
-        if priority == BACKGROUND:
+        if priority != BACKGROUND:
+            if self.signal.claim() is None:
+                logger.warning("every slot of %s is taken: this worker's batches are not signalled", self.signal.path)
+            return
+        pass_s = pass_s if pass_s is not None else default_pass_s(device.type == "cpu")
+        if pass_s:
             full = settings.max_batch_rows * passes
             self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s)
-        elif self.signal.claim() is None:
-            logger.warning("every slot of %s is taken: this worker's batches are not signalled", self.signal.path)
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from handlers.lane_signal import LaneSignal
 
-CPU_PASS_S = 0.001
+CPU_PASS_S = 0.001  # when a CPU lane asks for it (handler.yield_pass_ms)
 DEVICE_PASS_S = 0.002
 MAX_WAIT_S = 0.05
 WAIT_STEP_S = 0.0002
@@ -41,6 +41,13 @@ class YieldStats:
         taken = YieldStats(self.yielded_s, self.cut_passes, self.holds_s, self.holds_after_full_s)
         self.yielded_s, self.cut_passes, self.holds_s, self.holds_after_full_s = 0.0, 0, [], []
         return taken
+
+
+def default_pass_s(on_cpu: bool) -> float:
+    """A background lane's pass bound when handler.yield_pass_ms is left out: 0 (no cutting) on the CPU, where the OS
+    preempts a SCHED_IDLE bulk worker as soon as a stream worker wakes (a separate process: its GIL holds no stream
+    lane), and cutting cost the job most of what the traffic left (docs/priority.md); DEVICE_PASS_S on a GPU."""
+    return 0.0 if on_cpu else DEVICE_PASS_S
 
 
 class YieldingPasses:

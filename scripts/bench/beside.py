@@ -460,7 +460,8 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
         "## Live traffic beside a batch job",
         "",
         f"`python -m scripts.bench.beside{' --quick' if quick else ''}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{machine()}; a machine shared with other engineers' tests and builds while it ran. Each model's stream lane "
+        f"{machine()}; a machine shared with other engineers' tests and builds while it ran (load average "
+        f"{Path('/proc/loadavg').read_text().split()[2]} over 15 minutes at the end). Each model's stream lane "
         f"(one-row JSON, the lane's config.properties batching) alone, beside a full-speed job through its bulk lane "
         f"(`python -m scripts.jobs.batch_job`, Parquet in and out, restarted when it ends) and beside an `--in-process` "
         f"job; wrk closed loop, k6 open loop at shares of the lane's capacity at 16 connections; {plan.seconds:g} s a point.",
@@ -469,7 +470,10 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
     for result in results:
         lines += [f"### {result.model}", "", f"Capacity: {result.capacity_rps:,.0f} req/s at 16 connections.", ""]
         lines += [
-            "| load | alone p50 / p99 ms, req/s (CPU share) | beside bulk lane job | beside in-process job |",
+            "Each cell: p50 / p99 ms, req/s; alone, then the machine's share the stream lane used (workers and frontend); "
+            "beside, the ratios to alone and the job's rows/s meanwhile; [the share of the machine busy, whoever used it].",
+            "",
+            "| load | alone | beside bulk lane job | beside in-process job |",
             "| --- | --- | --- | --- |",
         ]
         for load in loads(plan):

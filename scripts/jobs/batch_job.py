@@ -29,7 +29,7 @@ from handlers.collector import PacedCollector
 from handlers.core import torch_threads
 from handlers.lane_signal import LaneSignal, device_name
 from handlers.priority import enter_background
-from handlers.yielding import YieldingPasses
+from handlers.yielding import YieldingPasses, default_pass_s
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
@@ -200,10 +200,11 @@ def _runner(config: JobConfig):
         return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address, config.background)
     if config.in_process:
         core = load_core(archive)
-        if config.background:
-            # The stream lanes of this host and device come first here too (handlers/yielding.py).
+        pass_s = default_pass_s(core.device.type == "cpu")
+        if config.background and pass_s:
+            # The stream lanes of this host and device come first here too (handlers/yielding.py): on a GPU.
             full = core.settings.max_batch_rows * forward_workers(config)
-            core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, core.device.type == "cpu")
+            core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, on_cpu=False, pass_s=pass_s)
         return InProcessRunner(core, archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
