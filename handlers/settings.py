@@ -93,7 +93,7 @@ class HandlerSettings:
     # others interactive (handlers/priority.py). A background lane's worker runs every thread at SCHED_IDLE.
     priority: PerLanePriority = None
     # A background lane's longest pass, in ms, while a stream lane of its device is busy (handlers/yielding.py);
-    # null: 2 on a GPU, none on the CPU (the OS preempts an idle-priority worker there); 0: no signal raised or read.
+    # null: 1 on the CPU, 2 on a GPU; 0: no cooperative yield (no signal raised or read).
     yield_pass_ms: float | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
 

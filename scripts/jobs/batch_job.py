@@ -200,9 +200,10 @@ def _runner(config: JobConfig):
         return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address, config.background)
     if config.in_process:
         core = load_core(archive)
-        pass_s = default_pass_s(core.device.type == "cpu")
+        # On a GPU the stream lanes of this host and device come first here too (handlers/yielding.py); on the CPU an
+        # in-process job has no frontend beside it and the OS preempts its idle threads.
+        pass_s = default_pass_s(on_cpu=False) if core.device.type != "cpu" else 0.0
         if config.background and pass_s:
-            # The stream lanes of this host and device come first here too (handlers/yielding.py): on a GPU.
             full = core.settings.max_batch_rows * forward_workers(config)
             core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, on_cpu=False, pass_s=pass_s)
         return InProcessRunner(core, archive)

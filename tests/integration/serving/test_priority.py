@@ -17,7 +17,6 @@ import yaml
 from handlers.priority import OMP_WAIT_POLICY, PASSIVE, thread_policies
 from models.digits.samples import held_out
 from scripts.archive.reader import MODEL_CONFIG, MarFile
-from scripts.archive.variant import write_variant
 from scripts.clients.rest import predict
 from scripts.server.config import LaneSettings
 from scripts.swap.management import ManagementApi, ManagementError
@@ -109,22 +108,8 @@ def series_sum(metrics_text: str, name: str, lane: str) -> float:
     return total
 
 
-@pytest.fixture(scope="module")
-def yielding_lane(digits_server):
-    """`digits-y-bulk`: digits.mar with handler.yield_pass_ms 1 (the CPU's default is none), a background lane."""
-    archive = write_variant(
-        digits_server.model_store / "digits.mar", digits_server.model_store / "digits-y.mar", {"yield_pass_ms": 1}
-    )
-    api = ManagementApi(digits_server.endpoints, timeout=120)
-    api.register("digits-y-bulk", archive, LaneSettings(batch_size=4, max_batch_delay=50, response_timeout=300, workers=1))
-    try:
-        yield "digits-y-bulk"
-    finally:
-        for state in api.versions("digits-y-bulk"):
-            api.unregister("digits-y-bulk", state.version)
-
-
-def test_a_cpu_bulk_lane_asked_to_yield_does_so_to_stream_traffic_and_reports_it(digits_server, yielding_lane):
+def test_the_bulk_lane_yields_to_stream_traffic_and_reports_it(digits_server):
+    yielding_lane = "digits-bulk"
     metrics_url = f"{digits_server.endpoints.metrics}/metrics"
     before = series_sum(requests.get(metrics_url, timeout=30).text, "HandlerYieldHoldSeconds_count", yielding_lane)
     grids, _ = held_out(4)
@@ -148,5 +133,3 @@ def test_a_cpu_bulk_lane_asked_to_yield_does_so_to_stream_traffic_and_reports_it
     assert series_sum(text, "HandlerYieldHoldSeconds_count", yielding_lane) > before  # it saw the stream lane rise
     assert series_sum(text, "HandlerYieldSeconds_count", yielding_lane) >= 3
     assert series_sum(text, "HandlerYieldHoldSeconds_count", "digits") == 0  # stream lanes never yield
-    # The shipped bulk lane on the CPU leaves it to the OS: it never cuts its passes.
-    assert series_sum(text, "HandlerYieldSeconds_count", "digits-bulk") == 0
