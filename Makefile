@@ -1,5 +1,5 @@
 # Entry points (README.md): make serve | stop | archive | test | lint | client | grpc-client | swap | rollback
-#                           | batch-job | broker | stream | verify | bench | bench-sweep | fuzz | soak | gpu-check | image-test | clean
+#                           | batch-job | broker | stream | verify | bench | bench-beside | bench-sweep | fuzz | soak | gpu-check | image-test | clean
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -39,7 +39,7 @@ TOPIC ?= $(MODEL).requests
 STREAM_ARGS ?=
 
 .PHONY: venv venv-serving lock grpc-stubs archive serve stop lint format test test-unit test-integration client grpc-client \
-	swap rollback batch-job broker stream verify bench bench-quick bench-sweep fuzz soak gpu-bundle gpu-check-bundle gpu-serving-bundle gpu-device-prep gpu-check image-test test-slow clean
+	swap rollback batch-job broker stream verify bench bench-beside bench-quick bench-sweep fuzz soak gpu-bundle gpu-check-bundle gpu-serving-bundle gpu-device-prep gpu-check image-test test-slow clean
 
 # --- environment: two layers, one command each -------------------------------------------------------
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
@@ -201,7 +201,8 @@ verify: model_store/digits.mar
 	$(PY) -m scripts.verify.agreement
 # bench: the stream lanes against a no-op floor, batchSize 1 and the field (Flask, LitServe, Ray Serve, BentoML,
 # PyTriton, each with the settings its sweep kept) under wrk and k6, then 1M-row batch jobs through the bulk lane
-# and in-process against the pipeline ceiling; writes docs/benchmarks.md and docs/bench/*.png. bench-quick: the
+# and in-process against the pipeline ceiling, then each stream lane beside a full-speed batch job (scripts/bench/beside.py);
+# writes docs/benchmarks.md and docs/bench/*.png. bench-quick: the
 # same with short runs and fewer points on digits, no report. bench-sweep: each peer's candidate settings, briefly
 # (PEERS="flask ray" for some; build/bench/sweep-<peer>.json and docs/benchmarks.md's "Peers' sweeps").
 PEERS ?= flask litserve ray bentoml pytriton
@@ -210,6 +211,12 @@ bench: archive
 	$(PY) -m scripts.bench.stream
 	$(PY) -m scripts.bench.front_door
 	$(PY) -m scripts.bench.batch
+	$(PY) -m scripts.bench.beside
+# bench-beside: only the section "Live traffic beside a batch job" (docs/priority.md), short runs (BESIDE_ARGS= for full).
+BESIDE_ARGS ?= --quick
+bench-beside: archive
+	@command -v wrk >/dev/null || { echo "make bench-beside needs wrk: apt-get install wrk" >&2; exit 2; }
+	$(PY) -m scripts.bench.beside $(BESIDE_ARGS)
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.stream --quick --models digits --no-report

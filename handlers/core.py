@@ -20,6 +20,7 @@ from handlers.model_files import compiled_precision, runs_under_autocast
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
 from handlers.tasks.base import Task
+from handlers.yielding import YieldingPasses
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,8 @@ class InferenceCore:
         self.pinned_copies = True
         # Micro-batches of one call run at once on these threads (run_passes_at_once); None: one after the other.
         self._passes: ThreadPoolExecutor | None = None
+        # A background lane's cooperative yield (handlers/yielding.py); None: rows run as they come.
+        self.yielding: YieldingPasses | None = None
         # -- GPU settings (handlers/device_settings.py): weights cast once, attention kernels, CUDA graphs --
         self.input_dtype = AUTOCAST_DTYPES[settings.precision] if settings.device.cast_weights else None
         settings.device.apply_sdpa_backends(device)
@@ -221,6 +224,13 @@ class InferenceCore:
     # -- rows -----------------------------------------------------------------------------------
 
     def predict(self, rows: Sequence[Any], stages: StageTimes | None = None) -> list[Any]:
+        """Results for `rows` in their order; a background lane's rows in slices short while stream lanes are busy."""
+        stages = stages if stages is not None else StageTimes()
+        if self.yielding is None or len(rows) <= 1:
+            return self._predict(rows, stages)
+        return self.yielding.run(rows, self.task.row_cost, lambda part: self._predict(part, stages))
+
+    def _predict(self, rows: Sequence[Any], stages: StageTimes | None = None) -> list[Any]:
         """Results for `rows` in their order, run in micro-batches of at most max_batch_rows (and max_batch_tokens).
 
         Rows are grouped by cost (similar lengths together) and the results put back in input order.

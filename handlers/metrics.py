@@ -62,6 +62,9 @@ FORWARD_ROWS = MetricSpec("HandlerForwardRows", "count", HISTOGRAM)  # rows in o
 ERRORS = MetricSpec("HandlerErrors", "count", COUNTER, (*LABELS, "code"))  # requests answered with a 4xx/5xx, by code
 OOM_SPLITS = MetricSpec("HandlerOOMSplits", "count", COUNTER)  # micro-batches halved after an out-of-memory
 WORKER_STARTS = MetricSpec("HandlerWorkerStarts", "count", COUNTER)  # initialize() calls: > 1 a lane means restarts
+# Background lanes, per batch (handlers/yielding.py): time yielded to busy stream lanes; each hold after a rise.
+YIELDED = MetricSpec("HandlerYieldSeconds", "s", HISTOGRAM)
+YIELD_HOLD = MetricSpec("HandlerYieldHoldSeconds", "s", HISTOGRAM)
 # CUDA only, after each batch.
 GPU_ALLOCATED = MetricSpec("HandlerGPUMemoryAllocatedMB", "MB", GAUGE)  # torch.cuda.memory_allocated
 GPU_RESERVED = MetricSpec("HandlerGPUMemoryReservedMB", "MB", GAUGE)  # torch.cuda.memory_reserved (the caching pool)
@@ -76,6 +79,8 @@ METRICS = (
     FORWARD,
     ENCODE,
     FORWARD_ROWS,
+    YIELDED,
+    YIELD_HOLD,
     ERRORS,
     OOM_SPLITS,
     WORKER_STARTS,
@@ -165,6 +170,15 @@ class HandlerMetrics:
                 stages.encode * 1000,
                 seconds * 1000,
             )
+
+    def yielded(self, seconds: float, holds_s: Sequence[float]) -> None:
+        """A background lane's batch: the seconds it yielded and each hold it saw (a stream signal's rise to its yield)."""
+        if self.handles:
+            lines: list[str] = []
+            self._emit(lines, YIELDED, seconds)
+            for hold in holds_s:
+                self._emit(lines, YIELD_HOLD, hold)
+            self._write(lines)
 
     def _emit_batch(self, lines: list[str], responses: Sequence[Response], rows: int, stages: StageTimes, seconds: float) -> None:
         emit = self._emit

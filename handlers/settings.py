@@ -8,6 +8,7 @@ from typing import Any
 
 from handlers.device_settings import DEVICE_KEYS, DeviceSettings
 from handlers.errors import SettingsError
+from handlers.priority import PerLanePriority, check_priority, priority_for
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # The keys every task shares; each task declares its own further keys as a typed dataclass (handlers/tasks/).
@@ -25,6 +26,8 @@ CORE_KEYS = (
     "fast_protocol",
     "mmap_threshold_mib",
     "forward_passes",
+    "priority",
+    "yield_pass_ms",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
@@ -87,6 +90,12 @@ class HandlerSettings:
     # A bulk lane on the CPU: passes of one thread each keep both cores busy without OpenMP's barriers, which stall
     # whenever the worker's other threads (the frontend's reader, the collector) take a core. On a GPU: one.
     forward_passes: PerLane = 1
+    # interactive | background, or per lane ({lane: ..., default: ...}); null: lanes named *-bulk background, the
+    # others interactive (handlers/priority.py). A background lane's worker runs every thread at SCHED_IDLE.
+    priority: PerLanePriority = None
+    # A background lane's longest pass, in ms, while a stream lane of its device is busy (handlers/yielding.py);
+    # null: 1 on the CPU, 2 on a GPU; 0: no cooperative yield (no signal raised or read).
+    yield_pass_ms: float | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
     # -- GPU: CUDA graphs, weights cast once, attention kernels (handlers/device_settings.py) --
     device: DeviceSettings = field(default_factory=DeviceSettings)
@@ -115,6 +124,8 @@ class HandlerSettings:
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
             mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
             forward_passes=section.get("forward_passes", cls.forward_passes),
+            priority=section.get("priority", cls.priority),
+            yield_pass_ms=section.get("yield_pass_ms", cls.yield_pass_ms),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS and k not in DEVICE_KEYS},
             device=DeviceSettings.from_section(section),
         )
@@ -140,6 +151,10 @@ class HandlerSettings:
             raise SettingsError(
                 f"handler.mmap_threshold_mib is at most {MAX_MMAP_THRESHOLD_MIB} (glibc's limit), got {self.mmap_threshold_mib!r}"
             )
+        check_priority(self.priority)
+        ms = self.yield_pass_ms
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0):
+            raise SettingsError(f"handler.yield_pass_ms must be a number of milliseconds >= 0 or null, got {ms!r}")
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
         if not isinstance(self.fast_protocol, bool):
@@ -172,6 +187,14 @@ class HandlerSettings:
     def passes_for(self, lane: str) -> int | None:
         """Micro-batches a worker of `lane` runs at once, None for one per usable CPU."""
         return _for_lane(self.forward_passes, lane)
+
+    def priority_for(self, lane: str | None) -> str:
+        """interactive or background for a worker of `lane` (handlers/priority.py)."""
+        return priority_for(self.priority, lane)
+
+    def yield_pass_s(self) -> float | None:
+        """A background lane's pass bound in seconds while stream lanes are busy; None: the device's default; 0: off."""
+        return None if self.yield_pass_ms is None else self.yield_pass_ms / 1000
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

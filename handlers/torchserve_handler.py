@@ -16,14 +16,18 @@ from handlers.collector import PacedCollector
 from handlers.core import InferenceCore, Response, StageTimes, select_device
 from handlers.cpu_quota import usable_cpus
 from handlers.decoding import NO_LIMITS, RequestLimits, read_request
+from handlers.device_priority import enter_device_priority, set_mps_priority
 from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.host_memory import MIB, HostMemory
+from handlers.lane_signal import LaneSignal, device_name
 from handlers.lane_timeout import LaneTimeout
 from handlers.metrics import HandlerMetrics, configure_logging
+from handlers.priority import BACKGROUND, OMP_WAIT_POLICY, apply_priority, waits_passively
 from handlers.settings import HandlerSettings
 from handlers.worker_protocol import install as install_frame_reader
 from handlers.worker_protocol import torchserve_worker
+from handlers.yielding import YieldingPasses, default_pass_s
 
 logger = logging.getLogger(__name__)
 
@@ -48,23 +52,41 @@ class UnifiedHandler:
         self.timeout: LaneTimeout | None = None
         self.memory = HostMemory(None)
         self.collector: PacedCollector | None = None  # only in a TorchServe worker (initialize)
+        # An interactive lane raises its device's signal around each batch; a background lane yields to it.
+        self.signal: LaneSignal | None = None
 
     def initialize(self, context) -> None:
         os.environ[DECODE_SWITCH] = "false"
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
+        # Before any torch op: the intra-op pool and the pass threads are started after this and inherit the policy.
+        priority = settings.priority_for(context.model_name)
+        switched = apply_priority(priority)
+        set_mps_priority(priority)  # before the first CUDA call makes the context
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
         self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)
         logger.setLevel(configure_logging(context.model_yaml_config))  # this module is packed outside `handlers`
+        logger.info("model %s: priority %s (%d threads at SCHED_IDLE)", context.model_name, priority, switched)
+        if priority == BACKGROUND and not waits_passively():
+            logger.warning(
+                "model %s: background lane but %s is %r: its OpenMP threads spin between passes; start TorchServe "
+                "with %s=PASSIVE (scripts/server/process.py does)",
+                context.model_name,
+                OMP_WAIT_POLICY,
+                os.environ.get(OMP_WAIT_POLICY),
+                OMP_WAIT_POLICY,
+            )
         device = select_device(properties.get("gpu_id"))
+        enter_device_priority(device, priority)
         self.core = InferenceCore.load(properties["model_dir"], settings, device)
         lane = context.model_name
         if settings.device.graphs_for(lane):  # on this thread, the one TorchServe runs handle() on
             self.core.capture_graphs(int(properties.get("batch_size") or 1))
         passes = self.core.run_passes_at_once(settings.passes_for(lane) or usable_cpus())
+        self._share_device(priority, settings, device, passes)
         self.limits = RequestLimits(
             lane,
             settings.rows_for(lane),
@@ -105,12 +127,33 @@ class UnifiedHandler:
             self.collector = PacedCollector()
             self.collector.start()
 
+    def _share_device(self, priority: str, settings: HandlerSettings, device: torch.device, passes: int) -> None:
+        """The stream lanes' busy signal of this device (handlers/lane_signal.py): raised by this lane, or yielded to."""
+        pass_s = settings.yield_pass_s()
+        if pass_s == 0:
+            return
+        self.signal = LaneSignal(device_name(device))
+        if priority != BACKGROUND:
+            if self.signal.claim() is None:
+                logger.warning("every slot of %s is taken: this worker's batches are not signalled", self.signal.path)
+            return
+        pass_s = pass_s if pass_s is not None else default_pass_s(device.type == "cpu")
+        if pass_s:
+            full = settings.max_batch_rows * passes
+            self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s)
+
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:
             self.timeout.running(len(data))
         try:
+            if self.signal is not None and self.core.yielding is None:
+                with self.signal.raised():
+                    return self.answer_batch(data, context)
             return self.answer_batch(data, context)
         finally:
+            if self.core.yielding is not None:
+                taken = self.core.yielding.stats.take()
+                self.metrics.yielded(taken.yielded_s, taken.holds_s + taken.holds_after_full_s)
             if self.timeout is not None:
                 self.timeout.done()
             if self.collector is not None:

@@ -30,9 +30,11 @@ def on_server(server) -> dict[str, Path]:
     return {"config": server.server.config, "key_file": server.endpoints.key_file}
 
 
-def job_args(input: Path, output: Path, *options: str, model: str = "digits") -> list[str]:
-    """`python -m scripts.jobs.batch_job`'s arguments for one job."""
-    return ["--model", model, "--input", str(input), "--output", str(output), *options]
+def job_args(input: Path, output: Path, *options: str, model: str = "digits", keep_priority: bool = True) -> list[str]:
+    """`python -m scripts.jobs.batch_job`'s arguments for one job. keep_priority: with --normal-priority, as tests call
+    main() in their own process, which could not come back from idle priority to run the tests after it."""
+    kept = ["--normal-priority"] if keep_priority else []
+    return ["--model", model, "--input", str(input), "--output", str(output), *kept, *options]
 
 
 def assert_same(records, expected):

@@ -39,7 +39,7 @@ from scripts.container.warm import marker, warm_when_ready
 from scripts.errors import ServerError
 from scripts.server.config import ServerConfig
 from scripts.server.front_door import FrontDoor, front_door_addresses
-from scripts.server.process import BIN, check_java, stop_process_group
+from scripts.server.process import BIN, check_java, stop_process_group, worker_environment
 from scripts.server.serve import verify_loaded_archives
 
 # How long a stop may take before its leftovers are killed; under `podman stop`'s and Kubernetes' 30 s default.
@@ -75,6 +75,7 @@ def serve(config: Path, key_dir: Path, stop_timeout: float = STOP_TIMEOUT_S) -> 
     process = subprocess.Popen(
         torchserve("--start", "--foreground", "--ncs", "--ts-config", str(config), "--model-store", str(store)),
         cwd=key_dir,
+        env={**os.environ, **worker_environment(dict(os.environ))},
         start_new_session=True,
     )
     door = None

@@ -27,6 +27,9 @@ from tqdm import tqdm
 
 from handlers.collector import PacedCollector
 from handlers.core import torch_threads
+from handlers.lane_signal import LaneSignal, device_name
+from handlers.priority import enter_background
+from handlers.yielding import YieldingPasses, default_pass_s
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
@@ -76,6 +79,9 @@ class JobConfig:
     engine: str = "local"  # ray: the archive's core in Ray actors, like --in-process
     actors: int | None = None  # ray: default one per GPU of the cluster, else one per CPU
     ray_address: str | None = None  # ray: default RAY_ADDRESS, else a local Ray
+    # Ray's actors at idle priority (handlers/priority.py); the command (main) puts its own process there too, a
+    # library caller keeps its own. False: the OS's fair share.
+    background: bool = True
 
     def check(self) -> None:
         if self.chunk_size < 1:
@@ -188,9 +194,16 @@ def _runner(config: JobConfig):
     if config.engine == "ray":
         from scripts.jobs.ray_runner import RayRunner  # Ray takes seconds to import: only for this engine
 
-        return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address)
+        return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address, config.background)
     if config.in_process:
-        return InProcessRunner(load_core(archive), archive)
+        core = load_core(archive)
+        # On a GPU the stream lanes of this host and device come first here too (handlers/yielding.py); on the CPU an
+        # in-process job has no frontend beside it and the OS preempts its idle threads.
+        pass_s = default_pass_s(on_cpu=False) if core.device.type != "cpu" else 0.0
+        if config.background and pass_s:
+            full = core.settings.max_batch_rows * forward_workers(config)
+            core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, on_cpu=False, pass_s=pass_s)
+        return InProcessRunner(core, archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
     server = ServerConfig.read(config.config)
@@ -282,6 +295,11 @@ def parse_args(argv: list[str] | None) -> JobConfig:
     )
     parser.add_argument("--actors", type=int, help="--engine ray: actors (default one per GPU of the cluster, else per CPU)")
     parser.add_argument("--ray-address", help="--engine ray: the cluster (default as ray.init(): RAY_ADDRESS, else a local Ray)")
+    parser.add_argument(
+        "--normal-priority",
+        action="store_true",
+        help="run at the OS's normal priority (default: idle priority, taking only what live traffic leaves)",
+    )
     cli.add_server_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
@@ -306,6 +324,7 @@ def parse_args(argv: list[str] | None) -> JobConfig:
         engine=args.engine,
         actors=args.actors,
         ray_address=args.ray_address,
+        background=not args.normal_priority,
     )
 
 
@@ -315,6 +334,9 @@ def _print_retry(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    if config.background:
+        # Before the core loads and the pools start (the reader, the writer, torch's): their threads inherit it.
+        enter_background()
     try:
         summary = run_job(config)
     except ScriptError as error:  # JobError, InputError, OutputError, a missing key file, ...

@@ -24,6 +24,7 @@ from ray.data import ActorPoolStrategy, DataContext
 from ray.util.placement_group import NODE_ID_LABEL_KEY
 from tqdm import tqdm
 
+from handlers.priority import enter_background
 from scripts.archive.core import load_core
 from scripts.jobs.chunks import RetryPolicy, run_chunk
 from scripts.jobs.inputs import RowSource
@@ -65,7 +66,10 @@ def plan_actors(resources: dict[str, float], requested: int | None) -> ActorPlan
 class ChunkPredictor:
     """A Ray actor: the archive's InferenceCore, loaded once; one chunk of Rows per call, answered as RowResults."""
 
-    def __init__(self, archive: str, retry: RetryPolicy) -> None:
+    def __init__(self, archive: str, retry: RetryPolicy, background: bool = True) -> None:
+        # Before the core loads: the actor's threads (Ray's own included) and torch's pool take what live traffic on
+        # the node leaves (handlers/priority.py).
+        self.threads_at_idle = enter_background() if background else 0
         self.runner = InProcessRunner(load_core(Path(archive)), Path(archive))
         self.retry = retry
 
@@ -81,6 +85,7 @@ class RayRunner:
     retry: RetryPolicy
     actors: int | None = None  # None: one per GPU, else one per CPU
     address: str | None = None  # None: as ray.init() (RAY_ADDRESS, a `ray start` here, else a Ray of our own)
+    background: bool = True  # the actors at idle priority (handlers/priority.py)
 
     @property
     def name(self) -> str:
@@ -119,7 +124,7 @@ class RayRunner:
         )
         return chunks.map_batches(
             ChunkPredictor,
-            fn_constructor_kwargs={"archive": str(self.archive.resolve()), "retry": self.retry},
+            fn_constructor_kwargs={"archive": str(self.archive.resolve()), "retry": self.retry, "background": self.background},
             batch_size=1,
             batch_format="pandas",
             compute=ActorPoolStrategy(size=plan.actors),

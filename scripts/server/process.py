@@ -15,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from handlers.priority import OMP_WAIT_POLICY, PASSIVE
 from scripts.errors import ConfigError, ServerError
 from scripts.layout import ROOT
 from scripts.server.endpoints import Endpoints
@@ -67,8 +68,10 @@ class Server:
         """TorchServe's own listeners (behind the front door, where there is one)."""
         return Endpoints.from_config(self.config, self.workdir / "key_file.json", direct=True)
 
-    def start(self, foreground: bool = False) -> subprocess.Popen | None:
-        """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode."""
+    def start(self, foreground: bool = False, own_session: bool = True) -> subprocess.Popen | None:
+        """Foreground: our own child in its own process group (tests). Else TorchServe's daemon mode.
+        own_session=False: a process group in the caller's session, whose CPU share the kernel's autogroup then
+        shares with it (the beside-a-job bench: its jobs' idle priority is ordered against the lanes only there)."""
         check_java()
         command = [
             *torchserve_command(),
@@ -80,6 +83,7 @@ class Server:
             str(self.model_store),
         ]
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "TMPDIR": str(self._tmpdir())}
+        env.update(worker_environment(env))
         if foreground:
             log = open(self.workdir / "torchserve.out", "wb")
             return subprocess.Popen(
@@ -88,7 +92,7 @@ class Server:
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                **({"start_new_session": True} if own_session else {"process_group": 0}),
             )
         # Daemon mode: the JVM outlives us, so it must not hold our stdout (a pipe would never close).
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -147,6 +151,13 @@ class Server:
             subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
             return
         stop_process_group(process, timeout=30)
+
+
+def worker_environment(environ: dict[str, str]) -> dict[str, str]:
+    """What the workers need in the frontend's environment (it passes its own to each): OpenMP waiting passively,
+    which libgomp reads when torch loads, before any handler code runs; a stream worker with one torch thread has no
+    OpenMP team to wait, so only the bulk lanes' threads change. A value the user set is kept."""
+    return {OMP_WAIT_POLICY: environ.get(OMP_WAIT_POLICY, PASSIVE)}
 
 
 def wait_until(

@@ -22,6 +22,7 @@ def serving_in(
     overrides: dict[str, str] | None = None,
     models: list[str] | None = None,
     front_door: bool = False,
+    own_session: bool = True,
 ) -> Iterator[Server]:
     """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
     store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped.
@@ -38,7 +39,7 @@ def serving_in(
     config = ServerConfig.read().render(workdir / "config.properties", store, ports, overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
     door = FrontDoor(config, workdir / "front-door") if front_door else None
-    process = server.process = server.start(foreground=True)
+    process = server.process = server.start(foreground=True, own_session=own_session)
     try:
         server.wait_ready(models if models is not None else ServerConfig.read(config).lanes(), process=process)
         if door is not None:

@@ -418,3 +418,28 @@ def test_the_kubernetes_guide_shows_the_sum(pod_config):
     pod = derive(pod_config)
     guide = (ROOT / "docs" / "kubernetes.md").read_text()
     assert f"= {pod.torchserve_mib} MiB" in guide and f"-Xmx{pod.heap_mib}m" in guide
+
+
+def test_the_pod_runs_both_lanes_with_cpu_requested_not_limited_and_the_bulk_lanes_in_the_background(
+    deployment, containers, pod_config
+):
+    lanes = pod_config.lanes()
+    bulk = [lane for lane in lanes if lane.endswith("-bulk")]
+    assert bulk and all(lane.removesuffix("-bulk") in lanes for lane in bulk)  # each bulk lane beside its stream lane
+    torchserve = containers["torchserve"]
+    assert "cpu" in torchserve["resources"]["requests"]
+    assert "cpu" not in torchserve["resources"]["limits"]  # no CFS quota throttling the stream lanes
+    env = {item["name"]: item.get("value") for item in torchserve["env"]}
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    # SCHED_IDLE needs no capability: nothing added back, seccomp's default profile allows sched_setscheduler.
+    assert "add" not in torchserve["securityContext"]["capabilities"]
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    mounts = {mount["name"]: mount["mountPath"] for mount in torchserve["volumeMounts"]}
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["shm"] == "/dev/shm" and volumes["shm"]["emptyDir"]["medium"] == "Memory"
+    for lane in bulk:
+        model = lane.removesuffix("-bulk")
+        config = yaml.safe_load((ROOT / "models" / model / "model-config.yaml").read_text())
+        settings = HandlerSettings.from_yaml(config, lane)
+        assert settings.priority_for(lane) == "background"
+        assert settings.priority_for(model) == "interactive"

@@ -231,3 +231,24 @@ def test_malloc_as_lane_sets_this_process_as_a_worker_of_that_lane_sets_its_own(
 
     assert slack("digits-bulk") == 32 * 2**20
     assert slack("digits") == 4 * 2**20
+
+
+PRIORITY_CHILD = """
+import json, sys
+from handlers.priority import thread_policies
+from scripts.jobs.batch_job import main
+status = main(sys.argv[1:])
+print(json.dumps({"status": status, "policies": thread_policies()}))
+"""
+
+
+@pytest.mark.parametrize(("options", "policy"), [((), os.SCHED_IDLE), (("--normal-priority",), os.SCHED_OTHER)])
+def test_the_batch_job_command_runs_at_idle_priority_unless_told_otherwise(tmp_path, digits_archive, options, policy):
+    source = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    archive = ("--in-process", "--archive", str(digits_archive), "--no-progress")
+    args = job_args(source, tmp_path / "out.jsonl", *archive, *options, keep_priority=False)
+    done = subprocess.run([sys.executable, "-c", PRIORITY_CHILD, *args], capture_output=True, text=True, cwd=ROOT, check=True)
+    report = orjson.loads(done.stdout.strip().splitlines()[-1])
+    assert report["status"] == 0
+    assert len(read_results(tmp_path / "out.jsonl")) == len(ROWS.labels)
+    assert set(report["policies"].values()) == {policy}

@@ -1,0 +1,49 @@
+"""The 'Live traffic beside a batch job' section: the targets' ratios and verdicts from a run's figures."""
+
+from __future__ import annotations
+
+from scripts.bench.beside import CONDITIONS, QUICK, HoldResult, ModelResult, Point, loads, section, targets
+
+
+def run(beside_p99: float, job_beside: float) -> ModelResult:
+    result = ModelResult("digits", capacity_rps=1000.0, job_alone={"bulk lane job": 1000.0, "in-process job": 900.0})
+    result.baseline_rps = 1010.0
+    result.jobs_checked = 2
+    for load in loads(QUICK):
+        result.points.append(Point(load, "alone", 2.0, 4.0, 500.0, 0, stream_cpu_share=0.5, machine_busy=0.6))
+        for condition in CONDITIONS[1:]:
+            result.points.append(Point(load, condition, 2.1, beside_p99, 480.0, 0, job_rps=job_beside, machine_busy=1.0))
+    return result
+
+
+def verdicts(result: ModelResult) -> dict[str, tuple[float, bool]]:
+    return {what: (round(ratio, 3), met) for what, ratio, _, met in targets(result, QUICK)}
+
+
+def test_the_latency_targets_compare_beside_with_alone_at_each_load_the_issue_names():
+    got = verdicts(run(beside_p99=4.4, job_beside=450.0))
+    assert got["digits p99 beside a bulk lane job / alone, c=4"] == (1.1, True)
+    assert got["digits p50 beside a bulk lane job / alone, 50%"] == (1.05, True)
+    assert "digits p99 beside a bulk lane job / alone, 25%" not in got  # the open loop target is at 50% only
+    assert verdicts(run(beside_p99=5.2, job_beside=450.0))["digits p99 beside a bulk lane job / alone, c=16"] == (1.3, False)
+
+
+def test_the_job_is_held_to_what_the_traffic_left_and_its_cost_to_the_rate_with_the_mechanism_off():
+    got = verdicts(run(beside_p99=4.0, job_beside=450.0))
+    # 450 rows/s beside a lane that used half the machine alone: 450 / (1000 x 0.5).
+    assert got["digits job beside c=1 / (its rate alone x (1 - 0.50))"] == (0.9, True)
+    assert got["digits job alone / the same with the mechanism off"] == (0.99, True)
+    short = verdicts(run(beside_p99=4.0, job_beside=400.0))
+    assert short["digits job beside 75% / (its rate alone x (1 - 0.50))"] == (0.8, False)
+
+
+def test_the_section_has_a_row_per_load_every_verdict_and_the_hold_figures():
+    wake = {"nothing beside": [0.1], "bulk core at normal": [2.0], "bulk core at idle": [0.2]}
+    holds = HoldResult("digits", [0.2, 0.4], [3.0], wake)
+    text = section([run(beside_p99=4.4, job_beside=450.0)], [holds], QUICK, quick=True)
+    assert text.startswith("## Live traffic beside a batch job")
+    assert text.count("| c=") == 3 and "| 50% |" in text
+    assert "| digits p99 beside a bulk lane job / alone, c=1 | 1.10 | ≤ 1.2 | met |" in text
+    assert "| digits job alone / the same with the mechanism off | 0.99 | ≥ 0.97 | met |" in text
+    assert "| digits | 0.400 / 0.400 / 0.400 (2) | 3.000 / 3.000 / 3.000 (1) |" in text
+    assert "Finished jobs checked: 2, every row exactly once." in text

@@ -1,0 +1,109 @@
+"""handler.priority: checked at start with the fix in the message; background puts every thread at SCHED_IDLE."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from handlers.errors import SettingsError
+from handlers.priority import BACKGROUND, INTERACTIVE, priority_for, thread_policies
+from handlers.settings import HandlerSettings
+
+
+def settings(**handler) -> HandlerSettings:
+    return HandlerSettings.from_yaml({"handler": {"task": "digit_classification", "model_file": "m.pt2", **handler}})
+
+
+def test_bulk_lanes_are_background_and_the_others_interactive_when_the_setting_is_left_out():
+    left_out = settings()
+    assert left_out.priority_for("digits-bulk") == BACKGROUND
+    assert left_out.priority_for("minilm-bulk") == BACKGROUND
+    assert left_out.priority_for("digits") == INTERACTIVE
+    assert left_out.priority_for(None) == INTERACTIVE
+
+
+def test_a_per_lane_setting_wins_over_the_lanes_name_and_default_covers_lanes_not_named():
+    chosen = settings(priority={"default": BACKGROUND, "digits-bulk": INTERACTIVE})
+    assert chosen.priority_for("digits-bulk") == INTERACTIVE
+    assert chosen.priority_for("digits") == BACKGROUND
+    assert priority_for(INTERACTIVE, "digits-bulk") == INTERACTIVE
+
+
+@pytest.mark.parametrize("value", ["low", {"digits-bulk": "idle"}, 3])
+def test_an_unknown_priority_is_refused_with_the_values_allowed_and_an_example(value):
+    with pytest.raises(SettingsError) as refused:
+        settings(priority=value)
+    message = str(refused.value)
+    assert "handler.priority must be interactive or background" in message
+    assert "priority: {default: interactive, digits-bulk: background}" in message
+    if isinstance(value, dict):
+        assert "for lane digits-bulk" in message
+
+
+CHILD = """
+import json, os, threading, torch
+from handlers.priority import enter_background, thread_policies
+before = threading.Thread(target=threading.Event().wait, daemon=True)
+before.start()  # a thread that exists before the switch is switched too
+switched = enter_background()
+torch.set_num_threads(2)
+a = torch.randn(256, 256)
+(a @ a).sum()  # starts torch's intra-op pool after the switch
+after = threading.Thread(target=threading.Event().wait, daemon=True)
+after.start()
+print(json.dumps({"switched": switched, "policies": thread_policies()}))
+"""
+
+
+def test_enter_background_puts_threads_that_exist_and_threads_started_later_at_sched_idle():
+    # In a child: a thread at SCHED_IDLE may not come back to normal without privilege.
+    import json
+
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, cwd=os.getcwd())
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    policies = list(report["policies"].values())
+    assert report["switched"] >= 2  # the main thread and the one started before
+    assert len(policies) >= 4  # main, before, after and at least one torch pool thread
+    assert set(policies) == {os.SCHED_IDLE}
+
+
+def test_this_process_reads_its_own_threads_at_the_normal_policy():
+    assert set(thread_policies().values()) == {os.SCHED_OTHER}
+
+
+UNPRIVILEGED_CHILD = """
+import json, os, threading
+from handlers.priority import enter_background, thread_policies
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # as the pod's non-root user with every capability dropped
+assert os.getuid() == 65534
+enter_background()
+print(json.dumps(sorted(set(thread_policies().values()))))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops root to an unprivileged user; this process is already one")
+def test_an_unprivileged_process_without_capabilities_enters_idle_priority():
+    done = subprocess.run([sys.executable, "-c", UNPRIVILEGED_CHILD], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == f"[{os.SCHED_IDLE}]"
+
+
+SESSION_CHILD = """
+from pathlib import Path
+from handlers.priority import enter_background
+enter_background()
+print(Path("/proc/self/autogroup").read_text().split()[-1])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroup")
+def test_a_background_process_leading_its_own_session_lowers_the_sessions_nice():
+    alone = subprocess.run(
+        [sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True, start_new_session=True
+    )
+    assert alone.stdout.strip().splitlines()[-1] == "19"
+    shared = subprocess.run([sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True)
+    assert shared.stdout.strip().splitlines()[-1] == open("/proc/self/autogroup").read().split()[-1]  # the session's own
