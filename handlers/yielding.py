@@ -47,7 +47,7 @@ def default_pass_s(on_cpu: bool) -> float:
     """A background lane's pass bound when handler.yield_pass_ms is left out: CPU_PASS_S on the CPU, DEVICE_PASS_S on a
     GPU. On the CPU the OS preempts the idle-priority worker anyway; the frontend, which carries the bulk lane's
     requests and answers at normal priority, does not yield, and cutting slows it with the lane: the stream lanes'
-    p50 stayed within 1.1x at 1 to 16 connections cutting, 1.6x not (docs/priority.md)."""
+    p50 stayed within 1.1x at 1 to 16 connections cutting, 1.6x not (docs/decisions.md)."""
     return CPU_PASS_S if on_cpu else DEVICE_PASS_S
 
 
