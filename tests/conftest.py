@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -25,3 +27,16 @@ def _torch_threads_restored():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _normal_priority_restored():
+    """Each test starts with this process's threads at the normal policy: code under test that runs a background
+    lane or a batch job in this process (an in-process `batch_job.main`, a bulk lane's handler) puts every thread
+    at SCHED_IDLE, as it would its own process, and a later test would run, and start children, at idle priority.
+    Leaving SCHED_IDLE needs root (or RLIMIT_NICE) on Linux; elsewhere the threads stay where they are."""
+    yield
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            if os.sched_getscheduler(int(tid)) == os.SCHED_IDLE:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
