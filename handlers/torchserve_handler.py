@@ -60,9 +60,12 @@ class UnifiedHandler:
         properties = context.system_properties
         settings = HandlerSettings.from_yaml(context.model_yaml_config, context.model_name)
         # Before any torch op: the intra-op pool and the pass threads are started after this and inherit the policy.
+        # Only in a TorchServe worker: a process that builds a handler for other reasons (tests, tools) keeps its own.
         priority = settings.priority_for(context.model_name)
-        switched = apply_priority(priority)
-        set_mps_priority(priority)  # before the first CUDA call makes the context
+        switched = 0
+        if torchserve_worker() is not None:
+            switched = apply_priority(priority)
+            set_mps_priority(priority)  # before the first CUDA call makes the context
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
         self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
