@@ -5,12 +5,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from handlers.errors import SettingsError
 from handlers.priority import BACKGROUND, INTERACTIVE, priority_for, thread_policies
 from handlers.settings import HandlerSettings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_child(code: str, **popen) -> str:
+    """The last line a child Python printed; its stderr in the failure when it exits non-zero (imports from ROOT)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, **popen)
+    assert done.returncode == 0, f"the child exited {done.returncode}:\n{done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
 
 
 def settings(**handler) -> HandlerSettings:
@@ -62,8 +73,8 @@ def test_enter_background_puts_threads_that_exist_and_threads_started_later_at_s
     # In a child: a thread at SCHED_IDLE may not come back to normal without privilege.
     import json
 
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, cwd=os.getcwd())
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    last = run_child(CHILD)
+    report = json.loads(last)
     policies = list(report["policies"].values())
     assert report["switched"] >= 2  # the main thread and the one started before
     assert len(policies) >= 4  # main, before, after and at least one torch pool thread
@@ -87,8 +98,7 @@ print(json.dumps(sorted(set(thread_policies().values()))))
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops root to an unprivileged user; this process is already one")
 def test_an_unprivileged_process_without_capabilities_enters_idle_priority():
-    done = subprocess.run([sys.executable, "-c", UNPRIVILEGED_CHILD], capture_output=True, text=True, check=True)
-    assert done.stdout.strip().splitlines()[-1] == f"[{os.SCHED_IDLE}]"
+    assert run_child(UNPRIVILEGED_CHILD) == f"[{os.SCHED_IDLE}]"
 
 
 SESSION_CHILD = """
@@ -101,9 +111,6 @@ print(Path("/proc/self/autogroup").read_text().split()[-1])
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroup")
 def test_a_background_process_leading_its_own_session_lowers_the_sessions_nice():
-    alone = subprocess.run(
-        [sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True, start_new_session=True
-    )
-    assert alone.stdout.strip().splitlines()[-1] == "19"
-    shared = subprocess.run([sys.executable, "-c", SESSION_CHILD], capture_output=True, text=True, check=True)
-    assert shared.stdout.strip().splitlines()[-1] == open("/proc/self/autogroup").read().split()[-1]  # the session's own
+    assert run_child(SESSION_CHILD, start_new_session=True) == "19"
+    # A child in this session leaves the session's nice alone.
+    assert run_child(SESSION_CHILD) == Path("/proc/self/autogroup").read_text().split()[-1]
