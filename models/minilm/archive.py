@@ -19,7 +19,7 @@ FORMAT_CODE = [HERE / "formats.py", Path(export_formats.__file__).resolve()]
 
 
 def artifacts(version: str, build_dir: Path, fmt: str = "export", precision: str = "fp32") -> list[Path]:
-    out = build_dir / "minilm" / version
+    out = build_dir / "minilm" / "shared"  # every version exports the same weights: one export for all
     program = out / "minilm.pt2"
     files = [program, out / "tokenizer.json"]
     if any(export_formats.stale(file, [EXPORT_CODE]) for file in files):

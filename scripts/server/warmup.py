@@ -25,14 +25,13 @@ from dataclasses import dataclass
 import orjson
 import requests
 
+from models import registry
 from scripts.layout import JSON
 from scripts.server.config import BULK_SUFFIX
 from scripts.server.endpoints import Endpoints, token_refused
 from scripts.server.front_door import BULK_CLIENT_CHUNKS
 from scripts.wrk.driver import Target, closed_loop
 
-SENTENCE = "A warm-up sentence for the text lanes."
-DIGITS_ROW = [0, 0, 5, 13, 9, 1, 0, 0] * 8
 BULK_ROWS = 256  # a bulk lane's request: a chunk of rows (the batch jobs send thousands; a small chunk keeps the
 # warm-up's windows of a second countable)
 STREAM_CONNECTIONS, BULK_CONNECTIONS = 16, 2  # warm_version's load: a new version shares the cores with the old
@@ -57,9 +56,10 @@ class WarmUp:
 
 
 def sample_body(lane: str) -> bytes:
-    """One request of the lane's kind: a one-row digits grid or a sentence, and a chunk of them for a bulk lane."""
-    row = SENTENCE if lane.removesuffix(BULK_SUFFIX).startswith("minilm") else DIGITS_ROW
-    return orjson.dumps({"instances": [row] * (BULK_ROWS if lane.endswith(BULK_SUFFIX) else 1)})
+    """One request of the lane's kind from its model's samples (models/<name>/samples.json): one instance, and a
+    chunk of them for a bulk lane."""
+    found, _ = registry.lane(lane)
+    return orjson.dumps({"instances": found.samples().request(BULK_ROWS if lane.endswith(BULK_SUFFIX) else 1)})
 
 
 def stream_body(lane: str) -> bytes:
@@ -107,9 +107,17 @@ def burst(
 
 
 def burst_lane(lanes: list[str]) -> str | None:
-    """The stream lane the JIT burst goes to: a digits lane where there is one (the cheapest per request)."""
+    """The stream lane the JIT burst goes to: the one that merges the most requests at once (workers x batch size,
+    models/<name>/model.yaml), the cheapest per request."""
     stream = [lane for lane in lanes if not lane.endswith(BULK_SUFFIX)]
-    return next((lane for lane in stream if lane.startswith("digits")), stream[0] if stream else None)
+    if not stream:
+        return None
+
+    def merged(name: str) -> int:
+        lane = registry.lane(name)[1]
+        return lane.workers * lane.batch_size
+
+    return max(stream, key=merged)
 
 
 def warm_up(endpoints: Endpoints, lanes: list[str], seconds: float = 4.0, burst_seconds: float = 8.0) -> list[WarmUp]:

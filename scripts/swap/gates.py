@@ -1,112 +1,91 @@
-"""The warm-up gate of a hot-swap: a new version must answer held-out data well before it gets traffic.
+"""The warm-up gate of a hot-swap: a new version must answer its model's samples (models/<name>/samples.json) as
+they must be answered before it gets traffic.
 
-Requests go to /predictions/<lane>/<version>, so the gate talks to the new version only while the old
-one still serves everyone else. Each model that can be swapped has a gate here.
+Requests go to /predictions/<lane>/<version>, so the gate talks to the new version only while the old one still
+serves everyone else. Every model has a gate: its own samples, compared as its samples.json says (models/registry.py).
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 
+import orjson
 import requests
 
+from models import registry
 from scripts.clients.rest import predict
-from scripts.errors import ScriptError
 from scripts.layout import JSON
 from scripts.server.endpoints import Endpoints
-
-MIN_ACCURACY = 0.95
-GATE_ROWS = 200
 
 
 @dataclass
 class GateResult:
     lane: str
     version: str
+    min_agreement: float = 1.0
     rows: int = 0
-    correct: int = 0
-    problems: list[str] = field(default_factory=list)
+    agreeing: int = 0
+    problems: list[str] = field(default_factory=list)  # no answer, a refused request, a missing prediction
+    disagreements: list[str] = field(default_factory=list)  # answers that differ from the sample's (first few kept)
 
     @property
-    def accuracy(self) -> float:
-        return self.correct / self.rows if self.rows else 0.0
+    def agreement(self) -> float:
+        return self.agreeing / self.rows if self.rows else 0.0
 
     @property
     def passed(self) -> bool:
-        return not self.problems and self.rows > 0 and self.accuracy >= MIN_ACCURACY
+        return not self.problems and self.rows > 0 and self.agreement >= self.min_agreement
 
     def summary(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
-        detail = (
-            "; ".join(self.problems[:3])
-            if self.problems
-            else f"{self.accuracy:.1%} of {self.rows} held-out rows correct (need {MIN_ACCURACY:.0%})"
-        )
+        if self.problems:
+            detail = "; ".join(self.problems[:3])
+        else:
+            detail = f"{self.agreement:.1%} of {self.rows} samples answered as expected (need {self.min_agreement:.0%})"
+            if not self.passed and self.disagreements:
+                detail += ": " + "; ".join(self.disagreements[:3])
         return f"gate {verdict} on {self.lane} {self.version}: {detail}"
 
 
-def digits_check(result, label: int) -> str | None:
-    """What is wrong with one digits result, or None: {"label": 0..9, "scores": 10 floats summing to 1}."""
-    if not isinstance(result, dict) or set(result) != {"label", "scores"}:
-        return f"expected {{'label', 'scores'}}, got {str(result)[:80]}"
-    scores = result["scores"]
-    if not isinstance(scores, list) or len(scores) != 10 or not all(isinstance(s, float) and math.isfinite(s) for s in scores):
-        return f"expected 10 finite float scores, got {str(scores)[:80]}"
-    if abs(sum(scores) - 1.0) > 1e-3:
-        return f"scores sum to {sum(scores):.4f}, expected 1"
-    if result["label"] not in range(10) or scores.index(max(scores)) != result["label"]:
-        return f"label {result['label']} is not the argmax of the scores"
-    return None
+def chunk_rows(found: registry.Model, lane: str) -> int:
+    """The most instances one gate request carries on `lane`: the lane's own max_request_rows."""
+    return int(found.handler_value("max_request_rows", lane) or len(found.samples().instances))
 
 
-def digits_rows(count: int) -> tuple[list, list[int]]:
-    from models.digits.data import load_split  # sklearn's bundled digits: no download
-
-    split = load_split()
-    return split.test_x[:count].tolist(), split.test_y[:count].tolist()
-
-
-def digits_gate(endpoints: Endpoints, lane: str, version: str, rows: int = GATE_ROWS) -> GateResult:
-    grids, labels = digits_rows(rows)
-    result = GateResult(lane, version)
-    try:
-        reply = predict(endpoints, lane, json.dumps({"instances": grids}).encode(), JSON, version, timeout=120)
-    except requests.RequestException as error:
-        result.problems.append(f"no answer: {error}")
-        return result
-    if reply.status_code != 200:
-        result.problems.append(f"HTTP {reply.status_code}: {reply.text[:200]}")
-        return result
-    try:
-        predictions = reply.json().get("predictions")
-    except (ValueError, AttributeError):
-        predictions = None
-    if not isinstance(predictions, list) or len(predictions) != len(labels):
-        result.problems.append(f"expected {len(labels)} predictions, got {str(predictions)[:80]}")
-        return result
-    for position, (prediction, label) in enumerate(zip(predictions, labels, strict=True)):
-        problem = digits_check(prediction, label)
-        if problem:
-            result.problems.append(f"row {position}: {problem}")
-        result.rows += 1
-        result.correct += problem is None and prediction["label"] == label
+def gate(endpoints: Endpoints, lane: str, version: str) -> GateResult:
+    """Every sample of the lane's model to /predictions/<lane>/<version>, each answer compared with its own."""
+    found, _ = registry.lane(lane)
+    samples = found.samples()
+    result = GateResult(lane, version, samples.min_agreement)
+    step = chunk_rows(found, lane)
+    for start in range(0, len(samples.instances), step):
+        instances, answers = samples.instances[start : start + step], samples.answers[start : start + step]
+        body = orjson.dumps({"instances": list(instances)})
+        try:
+            reply = predict(endpoints, lane, body, JSON, version, timeout=120)
+        except requests.RequestException as error:
+            result.problems.append(f"no answer: {error}")
+            return result
+        if reply.status_code != 200:
+            result.problems.append(f"HTTP {reply.status_code}: {reply.text[:200]}")
+            return result
+        try:
+            predictions = reply.json().get("predictions")
+        except (ValueError, AttributeError):
+            predictions = None
+        if not isinstance(predictions, list) or len(predictions) != len(answers):
+            result.problems.append(f"expected {len(answers)} predictions, got {str(predictions)[:80]}")
+            return result
+        for position, (prediction, answer) in enumerate(zip(predictions, answers, strict=True), start):
+            problem = samples.problem(prediction, answer)
+            result.rows += 1
+            result.agreeing += problem is None
+            if problem and len(result.disagreements) < 3:
+                result.disagreements.append(f"sample {position}: {problem}")
     return result
 
 
-def digits_probe() -> bytes:
-    """One small valid request: the drain's barrier (see hot_swap.drain)."""
-    return json.dumps({"instances": [[0] * 64]}).encode()
-
-
-GATES = {"digits": digits_gate}
-PROBES = {"digits": digits_probe}
-
-
-def gate_for(model: str):
-    if model not in GATES:
-        raise ScriptError(
-            f"no warm-up gate for model {model!r}: hot-swap knows {', '.join(sorted(GATES))} (add one in scripts/swap/gates.py)"
-        )
-    return GATES[model], PROBES[model]
+def probe(lane: str) -> bytes:
+    """One small valid request of the lane's model: the drain's barrier (see hot_swap.drain)."""
+    found, _ = registry.lane(lane)
+    return orjson.dumps({"instances": found.samples().request(1)})

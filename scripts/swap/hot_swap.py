@@ -5,7 +5,7 @@
 
 Swap, per lane (`digits`, `digits-bulk`, batching from config.properties):
   1. register the archive's version with the lane's batching and workers, synchronously (workers loaded);
-  2. warm-up gate: held-out data to /predictions/<lane>/<new version>; an archive that fails to load or
+  2. warm-up gate: the model's samples to /predictions/<lane>/<new version>; an archive that fails to load or
      answers badly is unregistered again and the old default stays. Then the new version is warmed: the lane's
      own requests to the same URL until its rate is steady or `warm_seconds` pass (scripts/server/warmup.py),
      so its workers' first calls are paid before clients come (what it buys: docs/benchmarks.md, "Warm-up");
@@ -34,7 +34,7 @@ from scripts.layout import JSON
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
 from scripts.server.warmup import WarmUp, warm_version
-from scripts.swap.gates import GateResult, gate_for
+from scripts.swap.gates import GateResult, gate, probe
 from scripts.swap.management import ManagementApi, ManagementError, VersionState
 
 HISTORY = "swap-history.json"
@@ -88,7 +88,6 @@ class Swapper:
     def swap(self, model: str, mar: Path, record: bool = True) -> SwapReport:
         archive = self.read_archive(mar, model)
         lanes = ServerConfig.read(self.config).lane_settings(model)
-        gate, probe = gate_for(model)
         current = {lane: self.current_default(lane, archive.version) for lane in lanes}
         old = {lane: state.version for lane, state in current.items()}
         report = SwapReport(model, archive.version, old, started=time.monotonic())
@@ -99,7 +98,7 @@ class Swapper:
             report.default_set[lane] = time.monotonic()
             self.log(f"{lane}: default is now {archive.version} (was {old[lane]})")
         for lane in lanes:
-            self.drain(lane, old[lane], probe())
+            self.drain(lane, old[lane], probe(lane))
             self.api.unregister(lane, old[lane])
             self.log(f"{lane}: unregistered {old[lane]}")
         report.finished = time.monotonic()

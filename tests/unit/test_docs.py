@@ -5,7 +5,6 @@ and config.properties' comments on the lanes' threads agree with the values the 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from handlers.settings import HandlerSettings
+from models import registry
 from scripts.layout import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -154,21 +154,28 @@ def test_every_quoted_section_of_a_doc_exists():
 # -- config comments against the values they describe ------------------------------------------------------
 
 WORD_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4}
-LANE_BULLET = re.compile(r"^# - ([a-z0-9-]+)(?: \([a-z]+\))?: (.*?)(?=^# - |^[^#])", re.DOTALL | re.MULTILINE)
 WORKERS = re.compile(r"\b(\d+|one|two|three|four) workers? (?:of (one|\d+) torch threads?|(with torch's default threads))")
 
 
 def lane_comments() -> dict[str, str]:
-    """config.properties' comment bullet per lane (`# - digits-bulk: ...`), joined into one line each."""
-    text = (ROOT / "config.properties").read_text()
-    return {lane: " ".join(line.lstrip("# ").strip() for line in body.splitlines()) for lane, body in LANE_BULLET.findall(text)}
+    """Each lane's comment in its model's model.yaml (the `#` lines just above `  <lane>: {...}`), as one line."""
+    comments = {}
+    for found in registry.models().values():
+        above: list[str] = []
+        for line in (found.folder / registry.MODEL_FILE).read_text().splitlines():
+            if line.startswith("  #"):
+                above.append(line.strip().lstrip("# ").strip())
+            elif line.startswith("  ") and ":" in line:
+                comments[line.strip().partition(":")[0]] = " ".join(above)
+                above = []
+            else:
+                above = []
+    return comments
 
 
 def lane_models() -> dict[str, dict]:
-    """The `models=` JSON of config.properties: each lane's marName and workers."""
-    text = (ROOT / "config.properties").read_text().replace("\\\n", "")
-    value = re.search(r"^models=(.*)$", text, re.MULTILINE).group(1)
-    return {lane: next(iter(versions.values())) for lane, versions in json.loads(value).items()}
+    """Each lane's TorchServe entry as config.properties' models= gets it: marName and workers."""
+    return {lane.name: lane.torchserve_entry()["1.0"] for lane in registry.lanes()}
 
 
 def handler_settings(mar: str) -> HandlerSettings:
@@ -176,11 +183,12 @@ def handler_settings(mar: str) -> HandlerSettings:
     return HandlerSettings.from_yaml(yaml.safe_load((ROOT / "models" / Path(mar).stem / "model-config.yaml").read_text()))
 
 
-def test_each_lane_has_a_comment_in_config_properties():
-    assert set(lane_comments()) == set(lane_models()) == {"digits", "digits-bulk", "minilm", "minilm-bulk"}
+def test_each_lane_has_a_comment_in_its_models_folder():
+    assert set(lane_comments()) == set(lane_models()) >= {"digits", "digits-bulk", "minilm", "minilm-bulk"}
+    assert all(lane_comments().values())
 
 
-@pytest.mark.parametrize("lane", ["digits", "digits-bulk", "minilm", "minilm-bulk"])
+@pytest.mark.parametrize("lane", [lane.name for lane in registry.lanes()])
 def test_a_lanes_comment_on_workers_and_threads_matches_the_values(lane):
     comment, model = lane_comments()[lane], lane_models()[lane]
     settings = handler_settings(model["marName"])

@@ -25,7 +25,7 @@ from scripts.jobs.runners import ServerRunner
 from scripts.layout import JSON
 from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.endpoints import main as endpoints_command
-from scripts.swap.gates import gate_for
+from scripts.swap.gates import gate
 from scripts.swap.hot_swap import Swapper
 from scripts.swap.management import ManagementApi
 
@@ -169,7 +169,6 @@ def test_a_batch_jobs_chunks_and_the_hot_swaps_calls_survive_rotations(digits_se
     management = RotatedInFlight.of(digits_server.endpoints)
     swapper = Swapper(management, digits_server.server.config, digits_server.model_store, log=lambda line: None)
     assert swapper.current_default("digits").version == "1.0"  # two management calls, each key rotated in flight
-    gate, _ = gate_for("digits")
     assert gate(management, "digits", "1.0").passed
     assert len(management.rotated) >= 3
     assert ManagementApi(digits_server.endpoints).version("digits", "1.0").ready_workers >= 1

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from models import registry
 from scripts.container.config import KEY_DIR, listener_environment, ports_of, render_container_config
 from scripts.container.healthcheck import inference_address, ping_url
 from scripts.image_check.pip_settings import PipSettings, named_paths, parse_config_list
@@ -136,14 +137,17 @@ def test_the_image_serves_the_tested_archives_and_builds_none():
     """No training or export in the build: the archives `make archive` built come in with their recorded sha256
     (the entry point checks them at every start), and only the serving layer of the requirements is installed."""
     text = (ROOT / "Dockerfile").read_text()
-    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY model_store/")]
-    assert copies == [
-        ["model_store/digits.mar", "model_store/digits.mar.sha256", "model_store/minilm.mar", "model_store/minilm.mar.sha256"]
-    ]
-    assert "scripts.archive.build" not in text and "make model_store" not in text and "COPY models/" not in text
+    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith(("COPY model_store/", "COPY models/"))]
+    assert copies == [["models/"], ["model_store/"]]
+    assert "scripts.archive.build" not in text and "make model_store" not in text
     assert "make venv-serving" in text and "requirements.txt" not in text.replace("requirements-serving.txt", "")
+    # Of the model store, the default archives alone: a model's name has no "-" (models/registry.py refuses one),
+    # so <model>-<version or variant>.mar is what `*-*` leaves out. Of models/, no build code: the registry and the
+    # folders' YAML and JSON.
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
-    assert {"model_store/*.mar", "!model_store/digits.mar", "!model_store/minilm.mar", "models"} <= set(ignored)
+    assert {"model_store/*-*.mar", "model_store/*-*.mar.sha256", "models/**/*.py", "!models/__init__.py"} <= set(ignored)
+    assert ignored.index("models/**/*.py") < ignored.index("!models/registry.py")
+    assert all("-" not in name for name in registry.models())
 
 
 def test_the_serving_layer_holds_no_tool_or_test_package():

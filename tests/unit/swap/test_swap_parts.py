@@ -8,13 +8,14 @@ import shutil
 import pytest
 
 from handlers.errors import RequestError, out_of_resources
+from models import registry
 from scripts.archive.reader import DigestMismatch, MarFile
 from scripts.clients.grpc_client import PredictionError, error_in, result_of
 from scripts.errors import ConfigError
 from scripts.layout import CONFIG, ROOT
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
-from scripts.swap.gates import GateResult, digits_check
+from scripts.swap.gates import GateResult, chunk_rows, probe
 from scripts.swap.hot_swap import Swapper, SwapRefused
 from scripts.swap.management import ManagementApi
 
@@ -66,20 +67,23 @@ def test_a_lane_without_batching_is_refused(tmp_path):
         ServerConfig.read(config).lane_settings("digits")
 
 
-def test_digits_check_accepts_a_good_result_and_names_each_fault():
-    good = {"label": 2, "scores": [0.05, 0.05, 0.55] + [0.05] * 7}
-    assert digits_check(good, 2) is None
-    assert "10 finite float scores" in digits_check({"label": 2, "scores": [0.5, 0.5]}, 2)
-    assert "sum to" in digits_check({"label": 2, "scores": [0.5] * 10}, 2)
-    assert "argmax" in digits_check({"label": 3, "scores": good["scores"]}, 3)
-    assert "expected" in digits_check({"code": 400, "type": "InvalidInput", "message": "m"}, 2)
-
-
-def test_the_gate_needs_accuracy_and_no_problems():
-    assert GateResult("digits", "2.0", rows=200, correct=196).passed
-    assert not GateResult("digits", "2.0", rows=200, correct=150).passed
-    assert not GateResult("digits", "2.0", rows=200, correct=200, problems=["row 3: bad"]).passed
+def test_the_gate_needs_its_models_agreement_and_no_problems():
+    assert GateResult("digits", "2.0", 0.95, rows=200, agreeing=196).passed
+    assert not GateResult("digits", "2.0", 0.95, rows=200, agreeing=150).passed
+    assert not GateResult("minilm", "2.0", 1.0, rows=16, agreeing=15).passed
+    assert not GateResult("digits", "2.0", 0.95, rows=200, agreeing=200, problems=["HTTP 503: busy"]).passed
     assert not GateResult("digits", "2.0").passed
+    failed = GateResult("minilm", "2.0", 1.0, rows=16, agreeing=15, disagreements=["sample 3: embedding has cosine 0.2"])
+    assert "93.8% of 16 samples" in failed.summary() and "sample 3: embedding has cosine 0.2" in failed.summary()
+
+
+def test_every_lane_has_a_gate_and_a_probe_from_its_models_samples():
+    for lane in registry.lanes():
+        found, _ = registry.lane(lane.name)
+        assert json.loads(probe(lane.name)) == {"instances": [found.samples().instances[0]]}
+        # A gate request never carries more rows than the lane admits (digits' stream lane: 1,024; minilm's: 32).
+        assert 1 <= chunk_rows(found, lane.name) == found.handler_value("max_request_rows", lane.name)
+    assert chunk_rows(registry.model("minilm"), "minilm") == 32
 
 
 @pytest.fixture
