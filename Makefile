@@ -108,6 +108,7 @@ endif
 archive: $(ARCHIVES) $(addsuffix .sha256,$(ARCHIVES)) grpc-stubs
 ifeq ($(FORMAT)$(PRECISION),)
 	$(PY) -m models.registry properties --write config.properties
+	$(PY) -m models.registry alerts --write monitoring/alerts.yml
 	$(PY) -m scripts.deploy.render k8s
 endif
 

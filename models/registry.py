@@ -5,6 +5,7 @@
     python -m models.registry check          # every folder's declarations, checked against each other
     python -m models.registry properties     # config.properties' load_models= and models= as the folders declare
     python -m models.registry properties --write FILE...   # rewrite them in place (make archive does)
+    python -m models.registry alerts --write monitoring/alerts.yml   # the stream lanes' p99 objectives (make archive)
 
 A model is a folder models/<name>/ holding:
   - model.yaml: its lanes (a stream lane named <name>, a bulk lane <name>-bulk) with TorchServe's batching and
@@ -38,6 +39,8 @@ BULK_SUFFIX = "-bulk"
 DEFAULT_LANE = "default"
 STREAM, BULK = "stream", "bulk"
 LANE_KEYS = {"workers", "batch_size", "max_batch_delay_ms", "response_timeout_s", "worker_peak_mib"}
+# Stream lanes also: the p99 objective of the handler's time per batch (seconds), which monitoring/alerts.yml alerts on.
+STREAM_KEYS = {"p99_objective_s"}
 MATCHERS = ("equal", "close", "cosine")
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -58,6 +61,7 @@ class Lane:
     max_batch_delay_ms: int
     response_timeout_s: int
     worker_peak_mib: int
+    p99_objective_s: float | None = None
 
     @property
     def bulk(self) -> bool:
@@ -238,17 +242,24 @@ def _model(folder: Path) -> Model:
     for lane_name, settings in lanes_declared.items():
         if lane_name not in (name, name + BULK_SUFFIX):
             raise RegistryError(f"{where}: lane {lane_name!r} is neither {name} (stream) nor {name}{BULK_SUFFIX} (bulk)")
-        settings = settings or {}
-        missing, extra = sorted(LANE_KEYS - set(settings)), sorted(set(settings) - LANE_KEYS)
+        settings = dict(settings or {})
+        role = BULK if lane_name.endswith(BULK_SUFFIX) else STREAM
+        allowed = LANE_KEYS | (STREAM_KEYS if role == STREAM else set())
+        needed = allowed if role == STREAM else LANE_KEYS
+        missing, extra = sorted(needed - set(settings)), sorted(set(settings) - allowed)
         if missing or extra:
             problem = (f"lacks {', '.join(missing)}" if missing else "") + ("; " if missing and extra else "")
             problem += f"has unknown key(s) {', '.join(extra)}" if extra else ""
-            raise RegistryError(f"{where}: lane {lane_name} {problem}; a lane declares {', '.join(sorted(LANE_KEYS))}")
+            raise RegistryError(f"{where}: lane {lane_name} {problem}; a {role} lane declares {', '.join(sorted(needed))}")
+        objective = settings.pop("p99_objective_s", None)
+        if objective is not None and not (isinstance(objective, (int, float)) and objective > 0):
+            raise RegistryError(
+                f"{where}: lanes.{lane_name}.p99_objective_s must be a positive number of seconds, got {objective!r}"
+            )
         for key in LANE_KEYS:
             if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
                 raise RegistryError(f"{where}: lanes.{lane_name}.{key} must be a positive integer, got {settings[key]!r}")
-        role = BULK if lane_name.endswith(BULK_SUFFIX) else STREAM
-        built.append(Lane(lane_name, name, role, **settings))
+        built.append(Lane(lane_name, name, role, **settings, p99_objective_s=objective))
     return Model(name, folder, tuple(built))
 
 
@@ -350,6 +361,32 @@ def rewrite_properties(path: Path) -> bool:
     return changed
 
 
+OBJECTIVE_RECORD = "      - record: lane:latency_objective_seconds"
+
+
+def objectives_block() -> str:
+    """monitoring/alerts.yml's lane:latency_objective_seconds rule: each stream lane's p99_objective_s."""
+    terms = [
+        f'label_replace(vector({lane.p99_objective_s:g}), "lane", "{lane.name}", "", "")' for lane in lanes() if not lane.bulk
+    ]
+    body = "\n".join(f"          {'or ' if i else ''}{term}" for i, term in enumerate(terms))
+    return f"{OBJECTIVE_RECORD}\n        expr: |\n{body}"
+
+
+def rewrite_alerts(path: Path) -> bool:
+    """Replace the objective rule's expression in `path` with the folders' (True when it changed)."""
+    lines = path.read_text().splitlines()
+    start = lines.index(OBJECTIVE_RECORD)
+    end = start + 2
+    while end < len(lines) and lines[end].startswith("          "):
+        end += 1
+    text = "\n".join([*lines[:start], objectives_block(), *lines[end:]]) + "\n"
+    changed = text != path.read_text()
+    if changed:
+        path.write_text(text)
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     command = args[0] if args else "names"
@@ -366,8 +403,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: {'rewritten' if rewrite_properties(path) else 'up to date'}")
     elif command == "properties":
         print(properties_block())
+    elif command == "alerts" and args[1:2] == ["--write"]:
+        for path in map(Path, args[2:]):
+            print(f"{path}: {'rewritten' if rewrite_alerts(path) else 'up to date'}")
     else:
-        print(f"unknown command {command!r}: names | sources NAME | check | properties [--write FILE...]", file=sys.stderr)
+        print(
+            f"unknown command {command!r}: names | sources NAME | check | properties [--write FILE...] | alerts --write FILE",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from models import registry
@@ -47,6 +48,13 @@ def test_config_properties_loads_exactly_the_lanes_the_folders_declare():
     assert registry.load_models_value().split(",")[:2] == ["digits=digits.mar", "digits-bulk=digits.mar"]
 
 
+def test_the_alerts_hold_each_stream_lanes_objective_from_its_folder():
+    alerts = (CONFIG.parent / "monitoring" / "alerts.yml").read_text()
+    assert registry.objectives_block() in alerts, "monitoring/alerts.yml is stale: run `make archive`"
+    assert 'label_replace(vector(0.25), "lane", "digits", "", "")' in registry.objectives_block()
+    assert all((lane.p99_objective_s is None) == lane.bulk for lane in registry.lanes())
+
+
 def test_rewriting_the_properties_replaces_only_the_lanes(tmp_path):
     stale = tmp_path / "config.properties"
     text = CONFIG.read_text()
@@ -79,13 +87,22 @@ def test_a_model_without_samples_is_refused_with_the_command_that_writes_them(tm
             "  digits-bulk: {workers: 1, batch_size: 4, max_batch_delay_ms: 50, response_timeout_s: 300, worker_peak_mib: 9}",
             "no stream lane",
         ),
-        ("  digits: {workers: 2, batch_size: 32, max_batch_delay_ms: 1, response_timeout_s: 30}", "lacks worker_peak_mib"),
         (
-            "  digits: {workers: 0, batch_size: 32, max_batch_delay_ms: 1, response_timeout_s: 30, worker_peak_mib: 9}",
+            "  digits: {workers: 2, batch_size: 32, max_batch_delay_ms: 1, response_timeout_s: 30, p99_objective_s: 1}",
+            "lacks worker_peak_mib",
+        ),
+        (
+            "  digits: {workers: 2, batch_size: 32, max_batch_delay_ms: 1, response_timeout_s: 30, worker_peak_mib: 9}",
+            "lane digits lacks p99_objective_s",
+        ),
+        (
+            "  digits: {workers: 0, batch_size: 32, max_batch_delay_ms: 1, response_timeout_s: 30, worker_peak_mib: 9, "
+            "p99_objective_s: 1}",
             "lanes.digits.workers must be a positive integer, got 0",
         ),
         (
-            "  digits: {workers: 1, batch_size: 1, max_batch_delay_ms: 1, response_timeout_s: 1, worker_peak_mib: 9}\n"
+            "  digits: {workers: 1, batch_size: 1, max_batch_delay_ms: 1, response_timeout_s: 1, worker_peak_mib: 9, "
+            "p99_objective_s: 1}\n"
             "  digits-batch: {workers: 1, batch_size: 1, max_batch_delay_ms: 1, response_timeout_s: 1, worker_peak_mib: 9}",
             "lane 'digits-batch' is neither digits (stream) nor digits-bulk (bulk)",
         ),
@@ -157,3 +174,16 @@ def test_make_archive_refuses_a_folder_that_contradicts_itself_before_building(t
     ):
         archive_build.build("digits", "1.0", tmp_path / "store", tmp_path / "build")
     assert not (tmp_path / "store").exists()
+
+
+def test_the_committed_samples_are_what_each_models_reference_gives():
+    from models.digits.samples import SAMPLE_ROWS, digit_rows
+    from models.minilm.samples import SAMPLE_SENTENCES, reference_embeddings
+
+    digits, rows = registry.model("digits").samples(), digit_rows(SAMPLE_ROWS)
+    assert list(digits.instances) == rows.instances and [a["label"] for a in digits.answers] == rows.labels
+    minilm = registry.model("minilm").samples()
+    assert list(minilm.instances) == SAMPLE_SENTENCES
+    reference = reference_embeddings(SAMPLE_SENTENCES)
+    served = [answer["embedding"] for answer in minilm.answers]
+    assert abs(np.asarray(served) - reference).max() < 1e-6  # written rounded to 6 decimals
