@@ -101,11 +101,11 @@ class InferenceCore:
         if self.device.type != "cuda":
             logger.warning("cuda_graphs is on but this worker runs on %s: running eagerly", self.device)
             return None
-        item = getattr(self.task, "GRAPH_EXAMPLE_ITEM", None)
+        item = self.task.GRAPH_EXAMPLE_ITEM
         if item is None:
             raise SettingsError(f"handler.cuda_graphs: task {self.task.name} cannot capture graphs (no example row)")
         rows = cuda_graphs.batch_buckets(min(max_rows, self.settings.max_batch_rows))
-        max_seq_length = getattr(self.task, "max_seq_length", None)
+        max_seq_length = self.task.max_seq_length
         lengths = None
         if max_seq_length is not None:
             lengths = self.settings.device.graph_sequence_buckets or cuda_graphs.sequence_buckets(max_seq_length)
@@ -188,13 +188,12 @@ class InferenceCore:
         32 digits rows). {} when the task has no such pass or any item is not plain: each request is then decoded
         alone, so a bad item still fails its own request only, with the same message; so is a batch of more rows than
         max_batch_rows."""
-        decode_many = getattr(self.task, "decode_many", None)
         plain = [index for index, payload in enumerate(payloads) if isinstance(payload, Payload) and not payload.raw]
         # Only a stream batch's few rows: a bulk batch's requests (thousands of rows each) are decoded one at a time,
         # so the worker never holds every request's float64 grids at once.
-        if decode_many is None or len(plain) < 2 or sum(len(payloads[i].items) for i in plain) > self.settings.max_batch_rows:
+        if len(plain) < 2 or sum(len(payloads[i].items) for i in plain) > self.settings.max_batch_rows:
             return {}
-        many = decode_many([item for index in plain for item in payloads[index].items])
+        many = self.task.decode_many([item for index in plain for item in payloads[index].items])
         if many is None:
             return {}
         together, first = {}, 0
@@ -206,11 +205,11 @@ class InferenceCore:
 
     def decode(self, payload: Payload) -> list[Any]:
         # Limits that span a request's items (the digits task's pixel budget) live in a per-request decoder.
-        task = self.task.for_request() if hasattr(self.task, "for_request") else self.task
+        task = self.task.for_request()
         if payload.raw:
             return [_decoded(task.decode_raw, payload.items[0])]
         # Optional: all items at once, vectorised, when they are all of the task's plain kind (None otherwise).
-        many = task.decode_many(payload.items) if hasattr(task, "decode_many") else None
+        many = task.decode_many(payload.items)
         if many is not None:
             return many
         rows = []

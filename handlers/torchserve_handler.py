@@ -94,7 +94,7 @@ class UnifiedHandler:
             lane,
             settings.rows_for(lane),
             settings.named_lanes_rows(),
-            getattr(self.core.task, "raw_media", ()),
+            self.core.task.raw_media,
             settings.bytes_for(lane),
             settings.named_lanes_bytes(),
         )

@@ -1,17 +1,20 @@
-"""Task registry: a model kind is added by adding a task here, not by editing the core."""
+"""The tasks: each module here defines one Task subclass, found by its `name` (model-config.yaml's handler.task).
+A model kind is added by adding a module here, not by editing the core or this file."""
 
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 from handlers.errors import SettingsError
 from handlers.settings import HandlerSettings
 from handlers.tasks.base import Task, read_options
-from handlers.tasks.digits import DigitClassification
-from handlers.tasks.text_embedding import TextEmbedding
 
-TASKS: dict[str, type] = {
-    DigitClassification.name: DigitClassification,
-    TextEmbedding.name: TextEmbedding,
-}
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+TASKS: dict[str, type[Task]] = Task.registered
 
 
 def build_task(settings: HandlerSettings) -> Task:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -14,46 +15,75 @@ from handlers.errors import SettingsError
 from handlers.settings import CORE_KEYS
 
 
-class Task(Protocol):
-    """decode -> collate -> forward -> unbatch, LitServe-style. Rows are opaque to the core."""
+class Task(abc.ABC):
+    """What a model kind implements: decode -> collate -> forward -> unbatch, LitServe-style. Rows are opaque to the
+    core. A subclass names itself (`name`, what model-config.yaml's handler.task says) and is found by it: a new
+    task is one module in handlers/tasks/, nothing else to edit (handlers/tasks/__init__.py imports them all)."""
 
     name: ClassVar[str]
     # The task's own handler: keys, as a frozen dataclass whose fields have defaults.
     Options: ClassVar[type]
     # Media type prefixes a raw body may be sent as ("image/", "text/", ...); another gets a 415 before decoding.
-    raw_media: ClassVar[tuple[str, ...]]
+    raw_media: ClassVar[tuple[str, ...]] = ()
+    # A JSON instance decoded once to capture CUDA graphs (InferenceCore.capture_graphs); None: the task cannot.
+    GRAPH_EXAMPLE_ITEM: ClassVar[Any] = None
+    # Rows of a variable length (text): the longest, so CUDA graphs are captured per length bucket up to it.
+    max_seq_length: int | None = None
 
-    def __init__(self, options: Any) -> None: ...
+    registered: ClassVar[dict[str, type[Task]]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            known = cls.registered.get(cls.name, cls)
+            if (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):  # a module reloaded: same
+                raise TypeError(
+                    f"two tasks are named {cls.name!r}: {cls.registered[cls.name].__qualname__} and {cls.__qualname__}"
+                )
+            cls.registered[cls.name] = cls
+
+    def __init__(self, options: Any) -> None:
+        self.options = options
+
+    @abc.abstractmethod
     def load_model(self, model_path: Path, device: torch.device) -> Any:
         """Load the exported model file (no pickle) onto `device`, ready for forward()."""
 
-    # Optional: `for_request() -> Task`, the decoders for one request, for limits that span its items (the digits
-    # task's pixel budget); InferenceCore.decode calls it once per request when the task has it.
-
-    # Optional: `decode_many(items) -> list | None`, every JSON instance of a request at once (vectorised), giving
-    # exactly the rows decode_instance gives item by item, or None to let the core decode item by item (it does
-    # whenever an item is not of the plain kind, so errors name the first bad item as before).
-
-    # Optional: `GRAPH_EXAMPLE_ITEM`, a JSON instance decoded once to capture CUDA graphs (InferenceCore.capture_graphs).
-
+    @abc.abstractmethod
     def decode_raw(self, body: bytes | str) -> Any:
         """One raw request body -> one row; raise RequestError naming what is wrong."""
 
+    @abc.abstractmethod
     def decode_instance(self, item: Any) -> Any:
         """One JSON instance -> one row; raise RequestError naming what is wrong."""
 
+    @abc.abstractmethod
     def collate(self, rows: Sequence[Any], pad_to: int | None) -> Any:
         """Rows -> a CPU batch (a tensor or dict of tensors). `pad_to` fixes the batch's shape (deterministic mode)."""
 
+    @abc.abstractmethod
     def forward(self, model: Any, batch: Any) -> torch.Tensor:
         """Run the model on a device batch; return one output row per input row (padding included)."""
 
+    @abc.abstractmethod
     def unbatch(self, outputs: torch.Tensor, rows: Sequence[Any]) -> list[Any]:
         """Float32 CPU outputs for `rows` -> one JSON-ready result per row."""
 
+    # -- optional hooks, with what the core does when a task leaves them alone --------------------------------------
+
     def row_cost(self, row: Any) -> int:
-        """Relative size of a row; rows are grouped by it (e.g. token count) before micro-batching."""
+        """Relative size of a row; rows are grouped by it (e.g. token count) before micro-batching. Default: equal."""
+        return 1
+
+    def for_request(self) -> Task:
+        """The decoders for one request, for limits that span its items (a pixel budget); InferenceCore.decode calls it
+        once per request. Default: this task."""
+        return self
+
+    def decode_many(self, items: Sequence[Any]) -> list[Any] | None:
+        """Every JSON instance of a request at once (vectorised), giving exactly the rows decode_instance gives item by
+        item, or None to let the core decode item by item (so errors name the first bad item). Default: None."""
+        return None
 
 
 OptionsT = TypeVar("OptionsT")

@@ -21,6 +21,7 @@ from PIL import Image
 from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, PixelBudget, image_to_grid
 from handlers.errors import RequestError, SettingsError
 from handlers.model_files import load_program
+from handlers.tasks.base import Task
 
 PIXELS = GRID * GRID
 MAX_VALUE = 16.0
@@ -43,7 +44,7 @@ class DigitOptions:
                 raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(self, key)!r}")
 
 
-class DigitClassification:
+class DigitClassification(Task):
     name = "digit_classification"
     Options = DigitOptions
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from handlers.errors import RequestError, SettingsError, too_large
 from handlers.model_files import load_program
+from handlers.tasks.base import Task
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.json"
 # The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
@@ -58,7 +59,7 @@ class TextEmbeddingOptions:
             raise SettingsError(f"handler.max_text_bytes must be a positive integer, got {self.max_text_bytes!r}")
 
 
-class TextEmbedding:
+class TextEmbedding(Task):
     name = "text_embedding"
     Options = TextEmbeddingOptions
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).

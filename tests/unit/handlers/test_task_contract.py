@@ -1,0 +1,59 @@
+"""The task contract (handlers/tasks/base.py): one base class, its hooks declared, tasks found by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from handlers.tasks import TASKS
+from handlers.tasks.base import Task
+
+
+class Rows(Task):
+    """A task that implements only what is required (its name is not registered: it has none)."""
+
+    def load_model(self, model_path, device):
+        return None
+
+    def decode_raw(self, body):
+        return body
+
+    def decode_instance(self, item):
+        return item
+
+    def collate(self, rows, pad_to):
+        return list(rows)
+
+    def forward(self, model, batch):
+        return batch
+
+    def unbatch(self, outputs, rows):
+        return list(outputs)
+
+
+def test_every_module_of_handlers_tasks_is_a_task_found_by_its_name():
+    assert {"digit_classification", "text_embedding"} <= set(TASKS)
+    for name, task in TASKS.items():
+        assert issubclass(task, Task) and task.name == name and task.raw_media
+    assert "Rows" not in {task.__name__ for task in TASKS.values()}
+
+
+def test_the_optional_hooks_have_the_cores_defaults():
+    task = Rows(options=None)
+    assert task.for_request() is task
+    assert task.decode_many([[1], [2]]) is None
+    assert task.row_cost("anything") == 1
+    assert task.GRAPH_EXAMPLE_ITEM is None and task.max_seq_length is None and task.raw_media == ()
+
+
+def test_a_task_without_a_required_hook_cannot_be_built_and_says_which():
+    class NoForward(Task):
+        load_model = decode_raw = decode_instance = collate = unbatch = Rows.forward
+
+    with pytest.raises(TypeError, match="abstract method.*forward"):
+        NoForward(options=None)
+
+
+def test_two_tasks_of_one_name_are_refused():
+    with pytest.raises(TypeError, match="two tasks are named 'text_embedding'"):
+        type("Imposter", (Rows,), {"name": "text_embedding"})
+    assert TASKS["text_embedding"].__module__ == "handlers.tasks.text_embedding"
