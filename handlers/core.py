@@ -39,7 +39,7 @@ class Response:
 @dataclass
 class StageTimes:
     """Where one answer() call spent its time, in seconds, and how its rows ran: filled in by the core, turned
-    into metrics and a debug line by the adapter (handlers/metrics.py). Plain numbers: no cost beyond a clock read."""
+    into metrics and a debug line by the adapter (handlers/torchserve/metrics.py). Plain numbers: no cost beyond a clock read."""
 
     decode: float = 0.0  # request items -> rows (the adapter adds its JSON parsing of the bodies)
     collate: float = 0.0  # rows -> a device batch

@@ -14,7 +14,7 @@ import numpy as np
 import orjson
 
 from handlers.errors import RequestError, too_large, unsupported_media
-from handlers.worker_protocol import UnreadValue
+from handlers.torchserve.worker_protocol import UnreadValue
 
 INSTANCES = "instances"
 BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")

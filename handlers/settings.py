@@ -66,7 +66,7 @@ class HandlerSettings:
     # Sized so the answer stays under config.properties' max_response_size (docs/hardening.md, "Limits").
     max_request_rows: PerLane = None
     # The most bytes one request's body may have, per lane; checked on the raw bytes before they are parsed
-    # (the worker gets bodies undecoded, handlers/torchserve_handler.py): JSON of many tiny items costs ~33
+    # (the worker gets bodies undecoded, handlers/torchserve/torchserve_handler.py): JSON of many tiny items costs ~33
     # times its size as Python objects, so this bounds a worker's peak memory per request. null: no limit
     # but config.properties' max_request_size. The pod's gateway takes the same numbers per route.
     max_request_bytes: PerLane = None
@@ -75,7 +75,7 @@ class HandlerSettings:
     # the archive for every lane alike. A stream lane's hung request then fails within seconds, a bulk chunk
     # keeps the archive's long timeout.
     response_timeout_s: PerLane = None
-    # Read the frontend's messages through one buffer (handlers/worker_protocol.py) instead of TorchServe's
+    # Read the frontend's messages through one buffer (handlers/torchserve/worker_protocol.py) instead of TorchServe's
     # recv per field: a fifth of the worker's time per request, and no copy of a large body beyond its size.
     # false: TorchServe's own reader.
     fast_protocol: bool = True

@@ -157,7 +157,7 @@ def build(
             "--version",
             version,
             "--handler",
-            str(ROOT / "handlers" / "torchserve_handler.py"),
+            str(ROOT / "handlers" / "torchserve" / "torchserve_handler.py"),
             "--extra-files",
             str(extra),
             "--config-file",

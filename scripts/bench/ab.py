@@ -56,7 +56,7 @@ def with_code_from(archive: Path, revision: str) -> Path:
             if entry.filename.startswith("handlers/"):
                 continue
             if entry.filename == "torchserve_handler.py":
-                new.writestr(entry, git("show", f"{revision}:handlers/torchserve_handler.py"))
+                new.writestr(entry, git("show", f"{revision}:handlers/torchserve/torchserve_handler.py"))
             else:
                 new.writestr(entry, old.read(entry))
         for source in sources:

@@ -24,7 +24,7 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handlers.core import StageTimes
 from handlers.decoding import read_request
-from handlers.torchserve_handler import UnifiedHandler
+from handlers.torchserve.torchserve_handler import UnifiedHandler
 from models.digits.archive import artifacts
 from models.digits.samples import grid_png, held_out
 from scripts import cli

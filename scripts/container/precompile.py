@@ -22,7 +22,7 @@ from scripts.layout import MODEL_STORE
 # TorchServe's worker (it imports its protocol and service modules), our handler, the container's own commands.
 MODULES = (
     "ts.model_service_worker",
-    "handlers.torchserve_handler",
+    "handlers.torchserve.torchserve_handler",
     "scripts.container.entrypoint",
     "scripts.container.healthcheck",
 )

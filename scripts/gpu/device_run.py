@@ -65,7 +65,7 @@ NO_CUDNN = ["flash", "efficient", "math"]
 def with_working_tree_handlers(entries: dict[str, bytes], target: Path) -> Path:
     """A .mar of `entries` whose handler code is this working tree's (handlers/ and the adapter), digest recorded."""
     code = {f"handlers/{p.relative_to(ROOT / 'handlers')}": p.read_bytes() for p in (ROOT / "handlers").rglob("*.py")}
-    code["torchserve_handler.py"] = (ROOT / "handlers" / "torchserve_handler.py").read_bytes()
+    code["torchserve_handler.py"] = (ROOT / "handlers" / "torchserve" / "torchserve_handler.py").read_bytes()
     kept = {name: data for name, data in entries.items() if not name.startswith("handlers/")}
     target.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as mar:

@@ -100,7 +100,7 @@ def lane_bytes(lane: str) -> int:
 
 
 ROW = b"[" + b",".join([b"0.5"] * 64) + b"]"  # one digits row, 64 floats (fresh float objects when parsed)
-# TorchServe's worker hands every body to the handler as bytes (handlers/torchserve_handler.py): a stream lane
+# TorchServe's worker hands every body to the handler as bytes (handlers/torchserve/torchserve_handler.py): a stream lane
 # refuses a body over its max_request_bytes on its size; one within it is parsed (orjson), then refused on rows.
 PROBES = [
     Probe("digits", "1024 rows of 64 floats", lambda limit: rows_of(1024, ROW), JSON),

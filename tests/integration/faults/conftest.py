@@ -23,7 +23,7 @@ from tests.integration.faults.stalling_handler import FOLDER_KEY
 
 HANDLER = Path(__file__).with_name("stalling_handler.py")
 # TorchServe 0.12 takes responseTimeout from the archive's model-config.yaml for both lanes: the bulk lane's
-# timeout here. The stream lane has its own, shorter one (handler.response_timeout_s, handlers/lane_timeout.py).
+# timeout here. The stream lane has its own, shorter one (handler.response_timeout_s, handlers/torchserve/lane_timeout.py).
 # Short, so a hang ends soon; the stream's long enough that the other tests' stalls end before it.
 RESPONSE_TIMEOUT = 20
 STREAM_TIMEOUT = 10

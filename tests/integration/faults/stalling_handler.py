@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from handlers.torchserve_handler import UnifiedHandler
+from handlers.torchserve.torchserve_handler import UnifiedHandler
 
 FOLDER_KEY = "test_stall_folder"
 

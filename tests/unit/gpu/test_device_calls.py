@@ -18,7 +18,7 @@ def test_an_assembled_archive_carries_the_working_trees_handlers_and_answers(tmp
     assert MarFile(archive).recorded_digest() == MarFile(archive).sha256()
     with zipfile.ZipFile(archive) as mar:
         assert mar.read("handlers/cuda_graphs.py") == (ROOT / "handlers" / "cuda_graphs.py").read_bytes()
-        assert mar.read("torchserve_handler.py") == (ROOT / "handlers" / "torchserve_handler.py").read_bytes()
+        assert mar.read("torchserve_handler.py") == (ROOT / "handlers" / "torchserve" / "torchserve_handler.py").read_bytes()
         with zipfile.ZipFile(MODEL_STORE / "digits.mar") as original:
             assert mar.read("digits.pt2") == original.read("digits.pt2")
     graphs = device_run.variant(archive, "graphs", {"cuda_graphs": {"digits-graphs": True, "default": False}})

@@ -1,4 +1,4 @@
-"""handlers/lane_timeout.py in a real process: a batch past the lane's limit ends the worker with a log line
+"""handlers/torchserve/lane_timeout.py in a real process: a batch past the lane's limit ends the worker with a log line
 saying why; a batch that ends in time does not."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import subprocess
 import sys
 import time
 
-from handlers.lane_timeout import EXIT_STATUS
+from handlers.torchserve.lane_timeout import EXIT_STATUS
 from scripts.layout import ROOT
 
 PROGRAM = """
 import logging, sys, time
-from handlers.lane_timeout import LaneTimeout
+from handlers.torchserve.lane_timeout import LaneTimeout
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 timeout = LaneTimeout("digits", {timeout}, poll_s=0.05)
 timeout.running(3)

@@ -14,9 +14,9 @@ import yaml
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.metrics.metric_type_enum import MetricTypes
 
-from handlers import metrics
 from handlers.core import Response, StageTimes
 from handlers.errors import SettingsError
+from handlers.torchserve import metrics
 from models.digits.samples import grid_png, held_out
 from scripts.layout import ROOT
 from tests.unit.handlers.test_torchserve_handler import MODULE, make_context

@@ -21,7 +21,7 @@ from ts.utils.util import list_classes_from_module
 from models.digits.samples import grid_png, held_out
 from scripts.layout import ROOT
 
-MODULE = importlib.import_module("handlers.torchserve_handler")
+MODULE = importlib.import_module("handlers.torchserve.torchserve_handler")
 
 
 def make_context(
@@ -141,7 +141,7 @@ def test_batch_metrics_are_emitted(handler, digits_model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="ts.metrics.caching_metric"):
         handler.handle([{"body": {"instances": [g.tolist() for g in grids]}}, {"body": bytearray(grid_png(grids[0]))}], context)
     # The worker prints metric lines that the frontend turns into Prometheus series: name.unit:value|#dims
-    # (a batch's lines arrive as one record: handlers/metrics.py)
+    # (a batch's lines arrive as one record: handlers/torchserve/metrics.py)
     lines = {
         line.removeprefix("[METRICS]").split(":")[0]: line.split(":")[1].split("|")[0]
         for message in caplog.messages

@@ -1,4 +1,4 @@
-"""The worker's buffered frame reader (handlers/worker_protocol.py) against TorchServe's own reader: the same frames,
+"""The worker's buffered frame reader (handlers/torchserve/worker_protocol.py) against TorchServe's own reader: the same frames,
 written in odd pieces, must come out equal, types included, message after message on one socket."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import types
 import pytest
 from ts.protocol import otf_message_handler as torchserve
 
-from handlers import worker_protocol
 from handlers.decoding import RequestLimits, read_request
 from handlers.errors import RequestError
-from handlers.worker_protocol import CHECKED_RELEASE, FrameReader, UnreadValue
+from handlers.torchserve import worker_protocol
+from handlers.torchserve.worker_protocol import CHECKED_RELEASE, FrameReader, UnreadValue
 
 END = struct.pack("!i", -1)
 

@@ -21,12 +21,12 @@ from handlers.errors import RequestError
 from handlers.headers import BATCH_REQUESTS, WORKER_PID, asks_worker_pid
 from handlers.host_memory import MIB, HostMemory
 from handlers.lane_signal import LaneSignal, device_name
-from handlers.lane_timeout import LaneTimeout
-from handlers.metrics import HandlerMetrics, configure_logging
 from handlers.priority import BACKGROUND, OMP_WAIT_POLICY, apply_priority, waits_passively
 from handlers.settings import HandlerSettings
-from handlers.worker_protocol import install as install_frame_reader
-from handlers.worker_protocol import torchserve_worker
+from handlers.torchserve.lane_timeout import LaneTimeout
+from handlers.torchserve.metrics import HandlerMetrics, configure_logging
+from handlers.torchserve.worker_protocol import install as install_frame_reader
+from handlers.torchserve.worker_protocol import torchserve_worker
 from handlers.yielding import YieldingPasses, default_pass_s
 
 logger = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class UnifiedHandler:
             return error
 
     def _emit_metrics(self, responses: list[Response], stages: StageTimes, started: float, encoding: float) -> None:
-        """Metrics and the debug line of one batch (handlers/metrics.py); `encoding`: when JSON serialization began."""
+        """Metrics and the debug line of one batch (handlers/torchserve/metrics.py); `encoding`: when JSON serialization began."""
         finished = time.perf_counter()
         stages.encode += finished - encoding
         self.metrics.batch(responses, stages, finished - started)
