@@ -11,6 +11,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from handlers.errors import RequestError, too_large
+from handlers.images import PixelBudget, check_size
 
 GRID = 8
 # scikit-learn's digits are 32x32 bitmaps counted in 4x4 blocks: each cell is 0..16 inked pixels.
@@ -22,21 +23,6 @@ DEFAULT_MAX_REQUEST_PIXELS = 16 * DEFAULT_MAX_PIXELS
 # The formats a picture of a digit comes in. Pillow would otherwise try every plugin it has (EPS runs
 # Ghostscript when installed), each one more parser facing hostile bytes.
 FORMATS = ("PNG", "JPEG", "BMP", "GIF", "TIFF", "WEBP", "PPM")
-
-
-class PixelBudget:
-    """The pixels the images of one request may still have together (handler.max_request_pixels)."""
-
-    def __init__(self, pixels: int) -> None:
-        self.limit = self.left = pixels
-
-    def charge(self, pixels: int) -> None:
-        if pixels > self.left:
-            raise too_large(
-                f"the images of this request have more than {self.limit} pixels together (handler.max_request_pixels): "
-                "send fewer or smaller images per request"
-            )
-        self.left -= pixels
 
 
 def image_to_grid(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, budget: PixelBudget | None = None) -> np.ndarray:
@@ -52,13 +38,13 @@ def image_to_grid(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, budget: Pix
 def _open_grey(data: bytes, max_pixels: int, budget: PixelBudget | None) -> np.ndarray:
     try:
         # Image.open reads the header only. Pillow's own bomb check (Image.MAX_IMAGE_PIXELS, which the digits
-        # task sets to the same limit) warns above it, where _check_size refuses the image by its size, and
+        # task sets to the same limit) warns above it, where check_size refuses the image by its size, and
         # raises above twice it.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=FORMATS)
         with image:
-            _check_size(image.width, image.height, max_pixels)
+            check_size(image.width, image.height, max_pixels)
             if budget is not None:
                 budget.charge(image.width * image.height)
             image = image.convert("RGBA")
@@ -77,16 +63,6 @@ def _open_grey(data: bytes, max_pixels: int, budget: PixelBudget | None) -> np.n
         raise
     except Exception as error:  # noqa: BLE001 - Pillow's decoders raise OSError, SyntaxError, ValueError, ...
         raise RequestError(f"not a readable image ({type(error).__name__}: {str(error)[:200]})") from None
-
-
-def _check_size(width: int, height: int, max_pixels: int) -> None:
-    if width * height > max_pixels:
-        raise too_large(
-            f"image is {width}x{height} = {width * height} pixels, over the limit of {max_pixels} pixels "
-            "(handler.max_image_pixels): downscale it"
-        )
-    if width == 0 or height == 0:
-        raise RequestError(f"image is {width}x{height}: it has no pixels")
 
 
 def _ink_intensity(grey: np.ndarray) -> np.ndarray:

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, PixelBudget, image_to_grid
+from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, image_to_grid
 from handlers.errors import RequestError, SettingsError
+from handlers.images import PixelBudget
 from handlers.model_files import load_program
 from handlers.tasks.base import Task
 

@@ -85,7 +85,7 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
         ({"task": "digit_classification", "model_file": "m.pt2", "max_image_pixels": 1e6}, "max_image_pixels must be int"),
         (
             {"task": "nope", "model_file": "m.pt2"},
-            "unknown handler.task 'nope'; known tasks: digit_classification, text_embedding",
+            "unknown handler.task 'nope'; known tasks: digit_classification, image_classification, text_embedding",
         ),
     ],
 )
