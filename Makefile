@@ -109,6 +109,7 @@ archive: $(ARCHIVES) $(addsuffix .sha256,$(ARCHIVES)) grpc-stubs
 ifeq ($(FORMAT)$(PRECISION),)
 	$(PY) -m models.registry properties --write config.properties
 	$(PY) -m models.registry alerts --write monitoring/alerts.yml
+	$(PY) -m scripts.deploy.memory --write
 	$(PY) -m scripts.deploy.render k8s
 endif
 

@@ -1,6 +1,7 @@
 """The pod's memory, derived in one place from the per-lane numbers (docs/kubernetes.md, "Memory").
 
     python -m scripts.deploy.memory        # the sum, lane by lane
+    python -m scripts.deploy.memory --write   # and into -Xmx, the pod's memory, the guide (make archive does)
 
 What the torchserve container may hold at once: each lane's workers at their worst measured peak, the
 frontend's heap (its own needs plus every request body a lane can hold: queued, in its workers' batches) and
@@ -14,10 +15,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from models import registry
 from scripts import cli
-from scripts.layout import ROOT
+from scripts.errors import ConfigError
+from scripts.layout import CONFIG, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.front_door import archive_yaml, bulk_admitted, lane_body_bytes
 
@@ -125,9 +128,47 @@ def summary(pod: PodMemory) -> str:
     return "\n".join(lines)
 
 
+DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
+GUIDE = ROOT / "docs" / "kubernetes.md"
+GUIDE_BEGIN, GUIDE_END = "<!-- memory: written by python -m scripts.deploy.memory --write -->", "<!-- memory end -->"
+
+
+def rewrite(pod: PodMemory, config: Path = CONFIG, deployment: Path = DEPLOYMENT, guide: Path = GUIDE) -> list[Path]:
+    """Write the derivation where it is used: config.properties' -Xmx and -XX:MaxDirectMemorySize, the torchserve
+    container's memory in deployment.yaml, the sum in the Kubernetes guide. Returns the files it changed."""
+    edits = {
+        config: [
+            (r"-Xmx\d+m\b", f"-Xmx{pod.heap_mib}m"),
+            (r"-XX:MaxDirectMemorySize=\d+m\b", f"-XX:MaxDirectMemorySize={pod.direct_mib}m"),
+        ],
+        # The first two memory: lines are the torchserve container's request and limit.
+        deployment: [(r"(?m)^(\s+memory: )\d+Mi$", rf"\g<1>{pod.torchserve_mib}Mi")],
+        guide: [
+            (rf"(?s){re.escape(GUIDE_BEGIN)}.*?{re.escape(GUIDE_END)}", f"{GUIDE_BEGIN}\n```\n{summary(pod)}\n```\n{GUIDE_END}")
+        ],
+    }
+    changed = []
+    for path, replacements in edits.items():
+        text = before = path.read_text()
+        for pattern, replacement in replacements:
+            text, count = re.subn(pattern, replacement, text, count=2 if path == deployment else 1)
+            if not count:
+                raise ConfigError(f"{path}: nothing matches {pattern!r} to write the derived memory into")
+        if text != before:
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
 def main() -> int:
-    cli.parser_for(__doc__).parse_args()
-    print(summary(derive()))
+    parser = cli.parser_for(__doc__)
+    parser.add_argument("--write", action="store_true", help="write the sum into config.properties, deployment.yaml, the guide")
+    args = parser.parse_args()
+    pod = derive()
+    print(summary(pod))
+    if args.write:
+        for path in rewrite(pod):
+            print(f"rewrote {path.relative_to(ROOT)}")
     return 0
 
 

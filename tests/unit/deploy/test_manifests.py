@@ -15,6 +15,7 @@ import yaml
 
 from handlers.settings import HandlerSettings
 from scripts.archive.reader import MarFile
+from scripts.deploy import memory
 from scripts.deploy.manifests import (
     K8S,
     KSERVE,
@@ -34,9 +35,10 @@ from scripts.deploy.memory import (
     derive,
     gateway_limits,
     jvm_flags,
+    summary,
 )
 from scripts.deploy.render import K8S_CONFIG, METRICS, gateway_conf, k8s_properties, kserve_properties, write_kserve
-from scripts.layout import ROOT
+from scripts.layout import CONFIG, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.prometheus import binary, metric_names
 from tests.unit.monitoring.test_monitoring import declared_series
@@ -417,7 +419,27 @@ def test_the_gateway_lets_onto_each_bulk_lane_what_the_derivation_counts(pod_con
 def test_the_kubernetes_guide_shows_the_sum(pod_config):
     pod = derive(pod_config)
     guide = (ROOT / "docs" / "kubernetes.md").read_text()
-    assert f"= {pod.torchserve_mib} MiB" in guide and f"-Xmx{pod.heap_mib}m" in guide
+    region = guide.split(memory.GUIDE_BEGIN)[1].split(memory.GUIDE_END)[0]
+    assert region == f"\n```\n{summary(pod)}\n```\n", "docs/kubernetes.md's sum is stale: run `make archive`"
+    assert f"-> {pod.torchserve_mib} MiB" in region and f"heap {pod.heap_mib} (-Xmx)" in region
+
+
+def test_the_derived_memory_is_written_where_it_is_used(tmp_path, pod_config):
+    pod = derive(pod_config)
+    stale = {}
+    for name, source, old, new in [
+        ("config.properties", CONFIG, f"-Xmx{pod.heap_mib}m", "-Xmx1m"),
+        ("deployment.yaml", K8S / "deployment.yaml", f"memory: {pod.torchserve_mib}Mi", "memory: 1Mi"),
+        ("kubernetes.md", ROOT / "docs" / "kubernetes.md", f"-> {pod.torchserve_mib} MiB", "-> 1 MiB"),
+    ]:
+        stale[name] = tmp_path / name
+        stale[name].write_text(source.read_text().replace(old, new))
+    changed = memory.rewrite(pod, stale["config.properties"], stale["deployment.yaml"], stale["kubernetes.md"])
+    assert sorted(path.name for path in changed) == sorted(stale)
+    assert stale["config.properties"].read_text() == CONFIG.read_text()
+    assert stale["deployment.yaml"].read_text() == (K8S / "deployment.yaml").read_text()
+    assert stale["kubernetes.md"].read_text() == (ROOT / "docs" / "kubernetes.md").read_text()
+    assert memory.rewrite(pod, stale["config.properties"], stale["deployment.yaml"], stale["kubernetes.md"]) == []
 
 
 def test_the_pod_runs_both_lanes_with_cpu_requested_not_limited_and_the_bulk_lanes_in_the_background(
