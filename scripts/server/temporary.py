@@ -25,7 +25,8 @@ def serving_in(
     own_session: bool = True,
 ) -> Iterator[Server]:
     """TorchServe started from `workdir` with copies of `archives` ({file name: source}) as its model
-    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped.
+    store, on free ports; yields once `models` (default: every lane it loads) are ready; always stopped. It loads
+    config.properties' lanes of those archives only, unless `overrides` give load_models.
     `front_door`: nginx before it (scripts/server/front_door.py), where the server's endpoints then point."""
     store = workdir / "model_store"
     store.mkdir(parents=True, exist_ok=True)
@@ -36,7 +37,11 @@ def serving_in(
     ports = free_ports()
     if front_door:
         ports.update({f"front_door_{name}": free_port() for name in FRONT_DOOR_LISTENERS})
-    config = ServerConfig.read().render(workdir / "config.properties", store, ports, overrides)
+    source = ServerConfig.read()
+    if "load_models" not in (overrides or {}):
+        given = [f"{lane}={name}" for lane, name in source.loaded_lanes().items() if name in archives]
+        overrides = {**(overrides or {}), "load_models": ",".join(given)}
+    config = source.render(workdir / "config.properties", store, ports, overrides)
     server = Server(config=config, workdir=workdir, model_store=store)
     door = FrontDoor(config, workdir / "front-door") if front_door else None
     process = server.process = server.start(foreground=True, own_session=own_session)
