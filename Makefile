@@ -208,8 +208,8 @@ stream: model_store/$(MODEL).mar
 	$(PY) -m scripts.streams.consume --model $(MODEL) --brokers $(BROKERS) --input-topic $(TOPIC) $(STREAM_ARGS)
 
 # --- verify and bench: each starts its own TorchServe on free ports (not `make serve`'s) ---------------
-# verify: held-out digits through stream, bulk and in-process, default then deterministic mode.
-verify: model_store/digits.mar
+# verify: each model's samples through stream, bulk and in-process, default then deterministic mode.
+verify: $(foreach m,$(MODELS),model_store/$(m).mar)
 	$(PY) -m scripts.verify.agreement
 # bench: the stream lanes against a no-op floor, batchSize 1 and the field (Flask, LitServe, Ray Serve, BentoML,
 # PyTriton, each with the settings its sweep kept) under wrk and k6, then 1M-row batch jobs through the bulk lane

@@ -12,7 +12,7 @@ from models.digits.samples import digit_rows, write_jsonl
 from scripts.jobs.batch_job import EXIT_OK, EXIT_ROW_ERRORS, EXIT_STOPPED, main, run_job
 from scripts.jobs.outputs import read_results
 from scripts.layout import ROOT
-from scripts.verify.agreement import verify_mode
+from scripts.verify.agreement import Rows, verify_mode
 from tests.batch_jobs import digits_job, job_args, on_server, with_bad_lines
 
 ROWS = digit_rows(200)
@@ -99,7 +99,7 @@ def test_a_chunk_over_max_request_size_is_stopped_before_sending_and_resumes_wit
 
 def test_deterministic_mode_makes_stream_bulk_and_in_process_bitwise_equal(tmp_path):
     """A server of its own: the deterministic copy of the archive, as `make verify` runs it."""
-    report = verify_mode("deterministic", ARCHIVE, digit_rows(120), tmp_path, chunk_size=7)
+    report = verify_mode("deterministic", ARCHIVE, Rows.of("digits", 120), tmp_path, chunk_size=7)
     assert [path.name for path in report.paths] == ["stream", "bulk", "in-process"]
     assert report.differences() == {("stream", "bulk"): 0.0, ("stream", "in-process"): 0.0, ("bulk", "in-process"): 0.0}
     assert report.failures() == []

@@ -58,8 +58,10 @@ def test_objects_frozen_before_it_started_stay_frozen():
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
+        # Frozen objects that are freed meanwhile (by another thread of the test process) leave the count: an
+        # unfreeze would take it to 0, so "nearly all still frozen" is what tells the two apart.
         with PacedCollector():
-            assert gc.get_freeze_count() >= frozen
-        assert gc.get_freeze_count() >= frozen  # not unfrozen: another owner froze them
+            assert gc.get_freeze_count() >= 0.99 * frozen
+        assert gc.get_freeze_count() >= 0.99 * frozen > 0  # not unfrozen: another owner froze them
     finally:
         gc.unfreeze()
