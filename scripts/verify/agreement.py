@@ -118,7 +118,7 @@ class ModeReport:
         lines = [
             f"mode: {self.mode} "
             f"(handler.deterministic: {str(self.deterministic).lower()}, max_batch_rows={self.max_batch_rows}{padding})",
-            f"rows: {len(self.rows.instances)} of {self.rows.samples.model}'s samples",
+            f"model {self.rows.samples.model}: {len(self.rows.instances)} rows of its samples",
         ]
         for path in self.paths:
             lines.append(f"  {path.name:<11} agreement {path.agreement(self.rows):.4f}  {path.note}")
@@ -178,8 +178,8 @@ def stream_path(endpoints: Endpoints, lane: str, rows: Rows) -> PathResult:
             f"{len(refused)} stream requests failed, the first: HTTP {refused[0].status_code} {refused[0].text[:200]}"
         )
     sizes = dict(sorted(collections.Counter(answer.batch_requests for answer in answers).items()))
-    note = f"{len(answers)} single-row requests from {STREAM_CLIENTS} "
-    f"clients in {seconds:.1f}s; requests by handler-call size {sizes}"
+    note = f"{len(answers)} single-row requests from {STREAM_CLIENTS} clients in {seconds:.1f}s"
+    note += f"; requests by handler-call size {sizes}"
     return PathResult("stream", [answer.reply.json()["predictions"][0] for answer in answers], note)
 
 
