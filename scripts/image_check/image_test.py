@@ -30,12 +30,14 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import orjson
 
+from models import registry
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.reader import MarFile
@@ -45,10 +47,11 @@ from scripts.image_check.base import BASE_IMAGE, ensure_base
 from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
 from scripts.image_check.podman import ContainerError, Podman
 from scripts.jobs.runners import InProcessRunner
-from scripts.layout import BUILD, CONFIG, ROOT
+from scripts.layout import BUILD, CONFIG, JSON, ROOT
 from scripts.server.config import FRONT_DOOR_LISTENERS, ServerConfig
 from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.process import free_port, free_ports
+from scripts.server.warmup import burst_lane
 
 IMAGE = "localhost/unified-serve:test"
 WORK = BUILD / "container"
@@ -91,6 +94,7 @@ class Figures:
     digits_label: int = -1
     digits_score: float = 0.0
     form_status: int = 0  # the front door's answer to a form body (415)
+    samples_answered: dict = field(default_factory=dict)  # {model: samples answered as samples.json says}
     embedding_max_difference: float = 0.0
     keys_seen: int = 0  # distinct inference keys in the key file while it stayed healthy past their expiry
     healthy_past_expiry_s: float = 0.0
@@ -205,7 +209,8 @@ def check_warmed(container: Container, figures: Figures) -> None:
     lanes = sorted(ServerConfig.read(CONFIG).lanes())
     answered = sorted({w["lane"] for w in warmed if w["requests"] > w["failed"]})
     burst = warmed[0] if warmed else {}
-    if answered != lanes or burst.get("lane") != "digits" or burst.get("requests", 0) - burst.get("failed", 0) < 1000:
+    expected_burst = burst_lane(lanes)
+    if answered != lanes or burst.get("lane") != expected_burst or burst.get("requests", 0) - burst.get("failed", 0) < 1000:
         raise ImageTestError(f"the warm-up record {path} does not show a wrk burst and every lane {lanes} answered: {record}")
     figures.warm_up_requests = sum(w["requests"] for w in warmed)
     figures.warm_up_failed = sum(w["failed"] for w in warmed)
@@ -217,6 +222,22 @@ def check_digit(endpoints: Endpoints, figures: Figures) -> None:
     if reply.status_code != 200 or body.get("label") != 7:
         raise ImageTestError(f"{DIGIT.name}: expected label 7, got HTTP {reply.status_code} {body}")
     figures.digits_label, figures.digits_score = body["label"], max(body["scores"])
+
+
+def check_samples(endpoints: Endpoints, figures: Figures) -> None:
+    """Every model the folders declare answers each of its samples in the container as samples.json says."""
+    for name, found in registry.models().items():
+        samples, lane = found.samples(), found.stream_lane.name
+        for position, (instance, answer) in enumerate(zip(samples.instances, samples.answers, strict=True)):
+            reply = predict(endpoints, lane, orjson.dumps({"instances": [instance]}), JSON, timeout=60)
+            if reply.status_code != 200:
+                raise ImageTestError(f"{lane}: sample {position} got HTTP {reply.status_code} {reply.text[:300]}")
+            problem = samples.problem(reply.json()["predictions"][0], answer)
+            figures.samples_answered[name] = figures.samples_answered.get(name, 0) + (problem is None)
+        if figures.samples_answered[name] < samples.min_agreement * len(samples.instances):
+            raise ImageTestError(
+                f"{lane}: {figures.samples_answered[name]} of {len(samples.instances)} samples answered as expected"
+            )
 
 
 def check_front_door(endpoints: Endpoints, figures: Figures) -> None:
@@ -306,6 +327,8 @@ def image_test(no_cache: bool = False, keep_image: bool = True) -> Figures:
             check_warmed(container, figures)
             print(f"warmed with {figures.warm_up_requests:,} requests ({figures.warm_up_failed} failed)", flush=True)
             check_digit(container.endpoints, figures)
+            check_samples(container.endpoints, figures)
+            print(f"every model answers its samples: {figures.samples_answered}", flush=True)
             check_front_door(container.endpoints, figures)
             check_embedding(podman, container, figures)
             survive_key_expiry(podman, container, figures)

@@ -100,3 +100,17 @@ def test_each_serving_file_matches_the_eager_reference_at_every_batch_size(photo
 def test_the_archive_carries_the_class_names_beside_the_model():
     model_file, names = archive.artifacts("1.0", BUILD)
     assert names.parent == model_file.parent and names.read_text() == labels.LABELS_FILE.read_text()
+
+
+def test_the_committed_samples_are_the_references_answers_on_their_own_bytes():
+    import base64
+
+    from models import registry
+    from models.efficientnet_lite0.samples import reference_top_k, sample_jpeg
+
+    samples = registry.model("efficientnet_lite0").samples()
+    images = [base64.b64decode(instance["b64"]) for instance in samples.instances]
+    assert images == [sample_jpeg(name) for name in PHOTOGRAPHS]  # Pillow re-encodes them byte for byte
+    for answer, guesses in zip(samples.answers, reference_top_k(images), strict=True):
+        assert [g["index"] for g in answer["top_k"]] == [g.index for g in guesses]
+        assert max(abs(g["probability"] - e.probability) for g, e in zip(answer["top_k"], guesses, strict=True)) < 1e-6
