@@ -20,15 +20,29 @@ from pathlib import Path
 
 from scripts.bench.peers.field import Settings, batching_peer
 from scripts.bench.peers.process import running
+from scripts.errors import ServerError
 from scripts.layout import ROOT
+from scripts.server.process import free_port
+
+BIND_ATTEMPTS = 3
 
 
 @contextlib.contextmanager
 def start(archive: Path, port: int, model: str, settings: Settings) -> Iterator[str]:
-    url = f"http://127.0.0.1:{port}/predictions/{model}"
-    command = [sys.executable, "-m", "scripts.bench.peers.ray_serve_app", str(archive), str(port), model, json.dumps(settings)]
+    """The peer on `port`; on another free port when Ray's own processes took that one first (its proxy then fails
+    "Failed to bind to address"): ray.init starts a dozen listeners on random ports before the proxy binds."""
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
-    with running(command, url, env):
+    with contextlib.ExitStack() as stack:
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            url = f"http://127.0.0.1:{port}/predictions/{model}"
+            command = [sys.executable, "-m", "scripts.bench.peers.ray_serve_app", str(archive), str(port), model]
+            try:
+                stack.enter_context(running([*command, json.dumps(settings)], url, env))
+                break
+            except ServerError as error:
+                if "Failed to bind" not in str(error) or attempt == BIND_ATTEMPTS:
+                    raise
+                port = free_port()
         yield url
 
 

@@ -4,6 +4,8 @@ Short runs: these check the harness works, `make bench` measures."""
 
 from __future__ import annotations
 
+import socket
+
 import orjson
 import pytest
 import requests
@@ -75,3 +77,19 @@ def _json(reply: requests.Response):
         return orjson.loads(reply.content)
     except orjson.JSONDecodeError:
         return reply.text
+
+
+@pytest.mark.slow
+def test_the_ray_peer_moves_to_another_port_when_its_own_is_taken():
+    # Ray's own processes take random ports before its proxy binds; here the port is taken on purpose.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    subject = peer("ray")
+    try:
+        with subject.start(MODEL_STORE / "digits.mar", port, "digits", subject.settings_for("digits")) as url:
+            reply = requests.post(url, data=subject.wrap(request_body("digits")), headers={"Content-Type": JSON}, timeout=60)
+    finally:
+        taken.close()
+    assert f":{port}/" not in url and reply.status_code == 200
