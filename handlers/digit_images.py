@@ -4,14 +4,13 @@ of scikit-learn's digits, the scale the model was trained on."""
 from __future__ import annotations
 
 import io
-import re
 import warnings
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from handlers.errors import RequestError, too_large
-from handlers.images import PixelBudget, check_size
+from handlers.errors import RequestError
+from handlers.images import PixelBudget, bomb_refused, check_size
 
 GRID = 8
 # scikit-learn's digits are 32x32 bitmaps counted in 4x4 blocks: each cell is 0..16 inked pixels.
@@ -52,11 +51,7 @@ def _open_grey(data: bytes, max_pixels: int, budget: PixelBudget | None) -> np.n
             paper = Image.new("RGBA", image.size, (255, 255, 255, 255))
             return np.asarray(Image.alpha_composite(paper, image).convert("L"), dtype=np.float32) / 255.0
     except Image.DecompressionBombError as error:
-        pixels = re.search(r"\((\d+) pixels\)", str(error))
-        size = f"{pixels.group(1)} pixels" if pixels else "too large"
-        raise too_large(
-            f"image is {size}, over the limit of {max_pixels} pixels (handler.max_image_pixels): downscale it"
-        ) from None
+        raise bomb_refused(error, max_pixels) from None
     except UnidentifiedImageError:
         raise RequestError(f"not a readable image: the format is not one of {', '.join(FORMATS)}") from None
     except RequestError:

@@ -104,6 +104,13 @@ def decode_rgb(
     return _to_rgb(image)
 
 
+def bomb_refused(error: Image.DecompressionBombError, max_pixels: int) -> RequestError:
+    """Pillow's own bomb guard tripped (above twice Image.MAX_IMAGE_PIXELS): the 413 that names the limit."""
+    pixels = re.search(r"\((\d+) pixels\)", str(error))
+    size = f"{pixels.group(1)} pixels" if pixels else "too large"
+    return too_large(f"image is {size}, over the limit of {max_pixels} pixels (handler.max_image_pixels): downscale it")
+
+
 def _open(data: bytes, found: str, max_pixels: int) -> Image.Image:
     """Image.open with the one plugin the first bytes named: it reads the header only."""
     try:
@@ -113,11 +120,7 @@ def _open(data: bytes, found: str, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             return Image.open(io.BytesIO(data), formats=[found])
     except Image.DecompressionBombError as error:
-        pixels = re.search(r"\((\d+) pixels\)", str(error))
-        size = f"{pixels.group(1)} pixels" if pixels else "too large"
-        raise too_large(
-            f"image is {size}, over the limit of {max_pixels} pixels (handler.max_image_pixels): downscale it"
-        ) from None
+        raise bomb_refused(error, max_pixels) from None
     except UnidentifiedImageError:
         raise RequestError(f"not a readable {FORMAT_NAMES[found]} image: its header is corrupt") from None
     except Exception as error:  # noqa: BLE001 - Pillow's plugins raise OSError, SyntaxError, ValueError, ...

@@ -86,6 +86,13 @@ class Task(abc.ABC):
         return None
 
 
+def require_positive(options: Any, *keys: str) -> None:
+    """An options dataclass's check(): each of `keys` a positive integer, else a SettingsError naming it."""
+    for key in keys:
+        if getattr(options, key) < 1:
+            raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(options, key)!r}")
+
+
 OptionsT = TypeVar("OptionsT")
 
 

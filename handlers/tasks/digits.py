@@ -19,10 +19,10 @@ import torch
 from PIL import Image
 
 from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS, GRID, image_to_grid
-from handlers.errors import RequestError, SettingsError
+from handlers.errors import RequestError
 from handlers.images import PixelBudget
 from handlers.model_files import load_program
-from handlers.tasks.base import Task
+from handlers.tasks.base import Task, require_positive
 
 PIXELS = GRID * GRID
 MAX_VALUE = 16.0
@@ -40,9 +40,7 @@ class DigitOptions:
     max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
 
     def check(self) -> None:
-        for key in ("max_image_pixels", "max_request_pixels"):
-            if getattr(self, key) < 1:
-                raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(self, key)!r}")
+        require_positive(self, "max_image_pixels", "max_request_pixels")
 
 
 class DigitClassification(Task):

@@ -24,7 +24,7 @@ from PIL import Image
 from handlers.errors import RequestError, SettingsError
 from handlers.images import PixelBudget, decode_rgb
 from handlers.model_files import load_program
-from handlers.tasks.base import Task
+from handlers.tasks.base import Task, require_positive
 
 DEFAULT_LABELS_FILE = "imagenet_classes.json"
 # torchvision's ImageNet evaluation transforms: Resize(256), CenterCrop(224), Normalize(mean, std).
@@ -32,6 +32,9 @@ RESIZE = 256
 CROP = 224
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
+# As (1, 3, 1, 1) tensors once: for_request builds a task per request, and collate only reads these.
+MEAN_TENSOR = torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1)
+STD_TENSOR = torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1)
 # handler.max_image_pixels' default: a 16-megapixel photograph; decoding holds it as RGB (48 MB) and its resize.
 DEFAULT_MAX_PIXELS = 4096 * 4096
 # handler.max_request_pixels' default: all images of one request together, which bounds its decoding time.
@@ -57,9 +60,7 @@ class ImageClassificationOptions:
     max_request_pixels: int = DEFAULT_MAX_REQUEST_PIXELS
 
     def check(self) -> None:
-        for key in ("top_k", "max_image_pixels", "max_request_pixels"):
-            if getattr(self, key) < 1:
-                raise SettingsError(f"handler.{key} must be a positive integer, got {getattr(self, key)!r}")
+        require_positive(self, "top_k", "max_image_pixels", "max_request_pixels")
 
 
 class ImageClassification(Task):
@@ -72,8 +73,6 @@ class ImageClassification(Task):
         self.options = options
         self.budget = budget
         self.labels: list[str] = []
-        self._mean = torch.tensor(MEAN, dtype=torch.float32).view(1, 3, 1, 1)
-        self._std = torch.tensor(STD, dtype=torch.float32).view(1, 3, 1, 1)
 
     def for_request(self) -> ImageClassification:
         """The decoders for one request (InferenceCore.decode): its images share one max_request_pixels budget."""
@@ -138,7 +137,7 @@ class ImageClassification(Task):
         if pad_to is not None and pad_to > len(rows):
             pixels = torch.cat([pixels, pixels.new_zeros((pad_to - len(rows), CROP, CROP, 3))])
         batch = pixels.permute(0, 3, 1, 2).contiguous().float()
-        return batch.div_(255).sub_(self._mean).div_(self._std)
+        return batch.div_(255).sub_(MEAN_TENSOR).div_(STD_TENSOR)
 
     def forward(self, model, batch: torch.Tensor) -> torch.Tensor:
         return model(batch)

@@ -242,7 +242,8 @@ def check_samples(endpoints: Endpoints, figures: Figures) -> None:
 
 def check_front_door(endpoints: Endpoints, figures: Figures) -> None:
     """Clients meet the image's front door (nginx): a form body is refused there, before TorchServe's frontend."""
-    reply = predict(endpoints, "digits-bulk", b"a=&" * 1000, "application/x-www-form-urlencoded", timeout=60)
+    lane = next(lane.name for lane in registry.lanes() if lane.bulk)
+    reply = predict(endpoints, lane, b"a=&" * 1000, "application/x-www-form-urlencoded", timeout=60)
     figures.form_status = reply.status_code
     if reply.status_code != 415 or reply.json().get("type") != "UnsupportedMediaType":
         raise ImageTestError(
