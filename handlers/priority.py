@@ -85,9 +85,12 @@ def enter_background() -> int:
 
 def lower_own_session() -> bool:
     """nice 19 for this process's autogroup when it leads its session (so the group is its own); False otherwise."""
-    if os.getsid(0) != os.getpid() or not AUTOGROUP.exists():
+    if os.getsid(0) != os.getpid():
         return False
     try:
+        # Empty where the kernel does not group this process by session (a cpu cgroup of its own: a container).
+        if not AUTOGROUP.read_text().strip():
+            return False
         AUTOGROUP.write_text(AUTOGROUP_NICE)
     except OSError:  # no autogroup support, or a kernel that refuses
         return False
