@@ -129,20 +129,29 @@ def summary(pod: PodMemory) -> str:
 
 
 DEPLOYMENT = ROOT / "deploy" / "k8s" / "deployment.yaml"
+INFERENCE_SERVICE = ROOT / "deploy" / "kserve" / "inferenceservice.yaml"
 GUIDE = ROOT / "docs" / "kubernetes.md"
 GUIDE_BEGIN, GUIDE_END = "<!-- memory: written by python -m scripts.deploy.memory --write -->", "<!-- memory end -->"
 
 
-def rewrite(pod: PodMemory, config: Path = CONFIG, deployment: Path = DEPLOYMENT, guide: Path = GUIDE) -> list[Path]:
-    """Write the derivation where it is used: config.properties' -Xmx and -XX:MaxDirectMemorySize, the torchserve
-    container's memory in deployment.yaml, the sum in the Kubernetes guide. Returns the files it changed."""
+def rewrite(
+    pod: PodMemory,
+    config: Path = CONFIG,
+    deployment: Path = DEPLOYMENT,
+    guide: Path = GUIDE,
+    inference_service: Path = INFERENCE_SERVICE,
+) -> list[Path]:
+    """Write the derivation where it is used: config.properties' -Xmx and -XX:MaxDirectMemorySize, the TorchServe
+    container's memory in deployment.yaml and in the InferenceService, the sum in the Kubernetes guide. Returns the
+    files it changed."""
+    pods = (deployment, inference_service)
     edits = {
         config: [
             (r"-Xmx\d+m\b", f"-Xmx{pod.heap_mib}m"),
             (r"-XX:MaxDirectMemorySize=\d+m\b", f"-XX:MaxDirectMemorySize={pod.direct_mib}m"),
         ],
-        # The first two memory: lines are the torchserve container's request and limit.
-        deployment: [(r"(?m)^(\s+memory: )\d+Mi$", rf"\g<1>{pod.torchserve_mib}Mi")],
+        # In both pods the first two memory: lines are the TorchServe container's request and limit.
+        **{path: [(r"(?m)^(\s+memory: )\d+Mi$", rf"\g<1>{pod.torchserve_mib}Mi")] for path in pods},
         guide: [
             (rf"(?s){re.escape(GUIDE_BEGIN)}.*?{re.escape(GUIDE_END)}", f"{GUIDE_BEGIN}\n```\n{summary(pod)}\n```\n{GUIDE_END}")
         ],
@@ -151,7 +160,7 @@ def rewrite(pod: PodMemory, config: Path = CONFIG, deployment: Path = DEPLOYMENT
     for path, replacements in edits.items():
         text = before = path.read_text()
         for pattern, replacement in replacements:
-            text, count = re.subn(pattern, replacement, text, count=2 if path == deployment else 1)
+            text, count = re.subn(pattern, replacement, text, count=2 if path in pods else 1)
             if not count:
                 raise ConfigError(f"{path}: nothing matches {pattern!r} to write the derived memory into")
         if text != before:
@@ -162,7 +171,7 @@ def rewrite(pod: PodMemory, config: Path = CONFIG, deployment: Path = DEPLOYMENT
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--write", action="store_true", help="write the sum into config.properties, deployment.yaml, the guide")
+    parser.add_argument("--write", action="store_true", help="write the sum into config.properties, both pods, the guide")
     args = parser.parse_args()
     pod = derive()
     print(summary(pod))

@@ -1,20 +1,17 @@
 """config.properties for the cluster, generated from the repository's (the one source of lanes and batching).
 
     python -m scripts.deploy.render k8s                      # deploy/k8s/config/ (committed; kustomize reads it)
-    python -m scripts.deploy.render kserve --out build/kserve # the bucket layout KServe's TorchServe runtime reads
+    python -m scripts.deploy.render kserve --out build/kserve # the bucket KServe's storage initializer copies
 
 Both keep every setting of config.properties (lanes, batching, limits, security) and change only where
-things are in the container and who may connect (docs/kubernetes.md):
-- k8s: TorchServe's APIs on loopback (the pod's gateway is the only client), metrics on all interfaces for
-  Prometheus, the model store and metrics config at the Deployment's mount points;
-- kserve: KServe's wrapper in the same container calls TorchServe on 127.0.0.1:8085 without a token (it
-  cannot send one), so token authorization is off there and nothing but metrics listens beyond loopback;
-  `model_snapshot` names the lanes, which the wrapper serves as /v1/models/<lane>:predict.
+things are in the container and who may connect (docs/kubernetes.md): TorchServe's APIs on loopback (the
+pod's gateway is the only client, with the pod's own key), metrics on all interfaces for Prometheus, the model
+store and metrics config where the pod mounts them (deploy/k8s: its volumes; deploy/kserve: /mnt/models, where
+KServe's storage initializer puts the bucket). One gateway config serves both pods.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -51,17 +48,12 @@ K8S_OVERRIDES = {
     "token_expiration_min": "525600",
 }
 
-# KServe's storage initializer puts the bucket at /mnt/models: config/ and model-store/ (its TorchServe layout).
+# KServe's storage initializer puts the bucket at /mnt/models (deploy/kserve/inferenceservice.yaml's STORAGE_URI).
 KSERVE_MOUNT = "/mnt/models"
 KSERVE_OVERRIDES = {
-    "inference_address": "http://127.0.0.1:8085",
-    "management_address": "http://127.0.0.1:8085",
-    "metrics_address": "http://0.0.0.0:8082",
-    "grpc_inference_address": "127.0.0.1",
-    "grpc_management_address": "127.0.0.1",
+    **K8S_OVERRIDES,
     "model_store": f"{KSERVE_MOUNT}/model-store",
     "metrics_config": f"{KSERVE_MOUNT}/config/metrics.yaml",
-    "disable_token_authorization": "true",
 }
 
 
@@ -76,13 +68,8 @@ def k8s_properties(source: ServerConfig) -> str:
 
 
 def kserve_properties(source: ServerConfig) -> str:
-    snapshot = {"name": "startup.cfg", "modelCount": 0, "models": {}}
-    for lane, versions in source._models_json().items():
-        snapshot["models"][lane] = {version: {"defaultVersion": True, **entry} for version, entry in versions.items()}
-        snapshot["modelCount"] += len(versions)
     overrides = {**KSERVE_OVERRIDES, **_log_config_at(source, f"{KSERVE_MOUNT}/config")}
-    overrides["model_snapshot"] = json.dumps(snapshot, separators=(",", ":"))
-    return _render(source, overrides, "deploy/kserve: TorchServe behind KServe's wrapper")
+    return _render(source, overrides, "deploy/kserve: the project's image as KServe's custom predictor")
 
 
 def _render(source: ServerConfig, overrides: dict[str, str], purpose: str) -> str:

@@ -44,7 +44,14 @@ from scripts.server.config import ServerConfig
 from scripts.server.prometheus import binary, metric_names
 from tests.unit.monitoring.test_monitoring import declared_series
 
-CORE_MANIFESTS = ["deployment.yaml", "service.yaml", "hpa.yaml", "pvc.yaml", "model-store-loader.yaml", "prometheus-adapter.yaml"]
+CORE_MANIFESTS = [
+    "deployment.yaml",
+    "service.yaml",
+    "autoscaling/hpa.yaml",
+    "pvc.yaml",
+    "model-store-loader.yaml",
+    "prometheus-adapter.yaml",
+]
 MODELS = ("digits", "minilm")
 
 
@@ -74,21 +81,35 @@ def pod_config() -> ServerConfig:
     return ServerConfig.read(K8S_CONFIG / "config.properties")
 
 
-def kustomization() -> dict:
-    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
+def kustomization(root=K8S) -> dict:
+    return yaml.safe_load((root / "kustomization.yaml").read_text())
 
 
-def generated_config_maps() -> list[dict]:
-    """The ConfigMaps `kubectl apply -k` generates from kustomization.yaml's configMapGenerator (before hashing)."""
-    return [
+def generated_config_maps(root=K8S) -> list[dict]:
+    """The ConfigMaps `kubectl apply -k root` generates (before hashing): its configMapGenerator's and those of the
+    kustomizations it lists among its resources."""
+    maps = [
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": entry["name"]},
-            "data": {file.rsplit("/", 1)[-1]: (K8S / file).read_text() for file in entry["files"]},
+            "data": {file.rsplit("/", 1)[-1]: (root / file).read_text() for file in entry["files"]},
         }
-        for entry in kustomization()["configMapGenerator"]
+        for entry in kustomization(root).get("configMapGenerator", [])
     ]
+    for resource in kustomization(root).get("resources", []):
+        if (root / resource).is_dir():
+            maps += generated_config_maps((root / resource).resolve())
+    return maps
+
+
+def listed_documents(root) -> list[dict]:
+    """Every document `kubectl apply -k root` reads from files (resources, recursively), before patches."""
+    documents = []
+    for resource in kustomization(root).get("resources", []):
+        path = root / resource
+        documents += listed_documents(path) if path.is_dir() else load_documents(path)
+    return documents
 
 
 # -- validity --------------------------------------------------------------------------------------------------
@@ -102,35 +123,49 @@ def test_core_manifests_are_valid_in_strict_mode(name):
 
 def test_the_kustomization_lists_existing_files_and_its_config_maps_are_valid():
     listed = kustomization()["resources"]
-    assert set(listed) == {"pvc.yaml", "deployment.yaml", "service.yaml", "hpa.yaml"}
-    assert all((K8S / name).is_file() for name in listed)
+    assert set(listed) == {"pvc.yaml", "deployment.yaml", "service.yaml", "autoscaling", "gateway"}
+    assert all((K8S / name).exists() for name in listed)
+    kinds = sorted(document["kind"] for document in listed_documents(K8S))
+    assert kinds == ["Deployment", "HorizontalPodAutoscaler", "PersistentVolumeClaim", "Service"]
     maps = generated_config_maps()
     assert {m["metadata"]["name"] for m in maps} == {"torchserve-config", "gateway"}
     for config_map in maps:
         validate(config_map)
 
 
-def test_the_inference_service_and_its_canary_are_valid_against_kserves_schema(inference_service):
+# Fields of KServe's PredictorSpec beside the pod's own (the rest of it is a core PodSpec).
+KSERVE_PREDICTOR_FIELDS = {"minReplicas", "maxReplicas", "scaleMetric", "scaleTarget", "timeout", "deploymentStrategy"}
+
+
+def test_the_inference_service_is_valid_against_kserves_schema_and_its_predictor_as_a_core_pod(inference_service):
     validate(inference_service)
-    patch = yaml.safe_load((KSERVE / "canary-patch.yaml").read_text())
-    canary = merge_patch(copy.deepcopy(inference_service), patch)
-    validate(canary)
-    assert canary["spec"]["predictor"]["canaryTrafficPercent"] == 10
-    assert canary["spec"]["predictor"]["model"]["storageUri"].endswith("/2.0")
-    assert canary["spec"]["predictor"]["model"]["modelFormat"] == {"name": "pytorch"}
+    predictor = inference_service["spec"]["predictor"]
+    pod_spec = {key: value for key, value in predictor.items() if key not in KSERVE_PREDICTOR_FIELDS}
+    # The stricter core schema of Kubernetes 1.34 for what KServe turns into the predictor's pod.
+    validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unified-serve-predictor"}, "spec": pod_spec})
 
 
-def merge_patch(target, patch):
-    """RFC 7386, as `kubectl patch --type merge` applies it."""
-    if not isinstance(patch, dict):
-        return patch
-    target = target if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = merge_patch(target.get(key), value)
-    return target
+def test_the_kserve_kustomization_takes_the_gateway_and_the_hpa_from_deploy_k8s(inference_service):
+    listed = kustomization(KSERVE)["resources"]
+    assert set(listed) == {"../k8s/gateway", "../k8s/autoscaling", "inferenceservice.yaml"}
+    assert sorted(d["kind"] for d in listed_documents(KSERVE)) == ["HorizontalPodAutoscaler", "InferenceService"]
+    assert [m["metadata"]["name"] for m in generated_config_maps(KSERVE)] == ["gateway"]
+    # kustomize writes the ConfigMap's hashed name where its configurations say an InferenceService names it.
+    (reference,) = yaml.safe_load((KSERVE / "kustomizeconfig.yaml").read_text())["nameReference"]
+    (field,) = reference["fieldSpecs"]
+    assert (reference["kind"], field["kind"], field["group"]) == ("ConfigMap", "InferenceService", "serving.kserve.io")
+    nodes = [inference_service]
+    for part in field["path"].split("/"):
+        nodes = [item for node in nodes for item in (node if isinstance(node, list) else [node]) if part in item]
+        nodes = [node[part] for node in nodes]
+    assert nodes == ["gateway"]
+    # The HPA scales KServe's Deployment of the predictor, <name>-predictor in raw deployment mode.
+    (patch,) = kustomization(KSERVE)["patches"]
+    hpa = one(K8S / "autoscaling" / "hpa.yaml")
+    assert patch["target"] == {"kind": "HorizontalPodAutoscaler", "name": hpa["metadata"]["name"]}
+    assert yaml.safe_load(patch["patch"]) == [
+        {"op": "replace", "path": "/spec/scaleTargetRef/name", "value": f"{inference_service['metadata']['name']}-predictor"}
+    ]
 
 
 def broken(document: dict, path: tuple, value=None, delete: bool = False) -> dict:
@@ -148,7 +183,7 @@ def broken(document: dict, path: tuple, value=None, delete: bool = False) -> dic
 
 
 CONTAINER = ("spec", "template", "spec", "containers")
-MODEL = ("spec", "predictor", "model")
+PREDICTOR = ("spec", "predictor", "containers")
 BROKEN_DEPLOYMENTS = {
     "a misspelled probe field": (CONTAINER + (0, "livenessProbes"), {}, "livenessProbes"),
     "a GPU count that is a list": (CONTAINER + (0, "resources", "limits", "nvidia.com/gpu"), [1], "nvidia.com/gpu"),
@@ -156,8 +191,8 @@ BROKEN_DEPLOYMENTS = {
     "an unknown kind": (("kind",), "Deploymnet", "Couldn't find schema for kind Deploymnet"),
 }
 BROKEN_INFERENCE_SERVICES = {
-    "storageURI for storageUri": (MODEL + ("storageURI",), "s3://bucket", "'storageURI' was unexpected"),
-    "a model format without a name": (MODEL + ("modelFormat", "name"), None, "'name' is a required property"),
+    "a misspelled probe field": (PREDICTOR + (0, "livenessProbes"), {}, "'livenessProbes' was unexpected"),
+    "a container without a name": (PREDICTOR + (1, "name"), None, "'name' is a required property"),
     "a misspelled metadata field": (("metadata", "lables"), {}, "'lables' was unexpected"),
     "replicas as text": (("spec", "predictor", "minReplicas"), "one", "not of type 'integer'"),
 }
@@ -179,7 +214,7 @@ def test_a_broken_inference_service_is_refused_with_the_field_named(inference_se
 
 def test_strictness_refuses_what_the_crd_alone_would_silently_prune(inference_service):
     schema = json.loads(KSERVE_SCHEMA.read_text())
-    typo = broken(inference_service, MODEL + ("storageURI",), "s3://bucket")
+    typo = broken(inference_service, PREDICTOR + (0, "livenessProbes"), {})
     # As published, the CRD lets the API server drop unknown fields without a word: the typo passes.
     jsonschema.Draft202012Validator(schema).validate({**typo, "metadata": {}})
     with pytest.raises(ManifestError):
@@ -238,19 +273,20 @@ def test_the_pod_config_keeps_token_authorization_and_tells_where_things_are_mou
     assert pod_config.get("metrics_config", "") == f"{mounts['config']}/metrics.yaml"
 
 
-def test_the_kserve_config_serves_every_lane_through_kserves_wrapper(tmp_path):
-    text = kserve_properties(ServerConfig.read())
-    # KServe's wrapper reads config.properties line by line (name=value) and serves the lanes of model_snapshot.
-    wrapper_view = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
-    snapshot = json.loads(wrapper_view["model_snapshot"])
-    assert sorted(snapshot["models"]) == sorted(ServerConfig.read().lanes())
-    assert snapshot["modelCount"] == len(registry.lanes()) >= 4
-    assert all(entry["defaultVersion"] for versions in snapshot["models"].values() for entry in versions.values())
-    # The wrapper calls TorchServe without a token, on the port it derives (8085), in the same container.
-    assert wrapper_view["disable_token_authorization"] == "true"
-    assert wrapper_view["inference_address"] == wrapper_view["management_address"] == "http://127.0.0.1:8085"
-    assert wrapper_view["model_store"] == "/mnt/models/model-store"
-    assert wrapper_view["metrics_config"] == "/mnt/models/config/metrics.yaml"
+def test_the_kserve_config_is_the_pods_with_the_bucket_at_mnt_models():
+    def settings(text: str) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+    source = ServerConfig.read()
+    kserve, pod = settings(kserve_properties(source)), settings(k8s_properties(source))
+    moved = {key for key in pod if pod[key] != kserve.get(key)}
+    assert set(kserve) == set(pod) and moved == {"model_store", "metrics_config", "vmargs"}
+    assert kserve["model_store"] == "/mnt/models/model-store"
+    assert kserve["metrics_config"] == "/mnt/models/config/metrics.yaml"
+    assert kserve["vmargs"] == pod["vmargs"].replace("/home/model-server/config/", "/mnt/models/config/")
+    # Token authorization stays on: the gateway forwards with the pod's key, so one gateway config fits both pods.
+    assert kserve["disable_token_authorization"] == "false"
+    assert kserve["inference_address"] == "http://127.0.0.1:8080"
 
 
 def test_the_kserve_bucket_layout_holds_config_and_every_loaded_archive(tmp_path):
@@ -341,7 +377,7 @@ def test_the_pod_runs_as_non_root_on_one_gpu_with_the_model_store_read_only(depl
 
 
 def test_the_hpa_scales_the_deployment_on_the_metric_prometheus_adapter_serves(deployment, tmp_path):
-    hpa = one(K8S / "hpa.yaml")
+    hpa = one(K8S / "autoscaling" / "hpa.yaml")
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -366,13 +402,37 @@ def test_the_hpa_scales_the_deployment_on_the_metric_prometheus_adapter_serves(d
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_inference_service_uses_kserves_torchserve_runtime_on_one_gpu(inference_service):
-    model = inference_service["spec"]["predictor"]["model"]
-    assert model["modelFormat"]["name"] == "pytorch"
-    assert model["runtime"] == "kserve-torchserve"
-    assert model["protocolVersion"] in ("v1", "v2")
-    assert re.match(r"(s3|gs)://[^/]+/.+", model["storageUri"])
-    assert str(model["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+def test_the_inference_service_runs_the_pods_containers_as_a_custom_predictor(deployment, containers, inference_service):
+    annotations = inference_service["metadata"]["annotations"]
+    assert annotations["serving.kserve.io/deploymentMode"] == "RawDeployment"
+    assert annotations["serving.kserve.io/autoscalerClass"] == "external"  # the HPA from deploy/k8s/autoscaling
+    predictor = inference_service["spec"]["predictor"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert "model" not in predictor  # not KServe's TorchServe runtime
+    for field in ("securityContext", "tolerations", "terminationGracePeriodSeconds", "automountServiceAccountToken"):
+        assert predictor[field] == pod[field], field
+    # KServe copies STORAGE_URI to /mnt/models in kserve-container; its Service sends traffic to the port of the
+    # collocated transformer-container, here the gateway, the one container with a port.
+    served = {container["name"]: container for container in predictor["containers"]}
+    assert list(served) == ["kserve-container", "transformer-container"]
+    assert served["transformer-container"] == {**containers["gateway"], "name": "transformer-container"}
+    torchserve = copy.deepcopy(served["kserve-container"])
+    del torchserve["name"]
+    env = {variable["name"]: variable["value"] for variable in torchserve.pop("env")}
+    assert re.match(r"(s3|gs)://[^/]+/.+", env.pop("STORAGE_URI"))
+    assert env == {variable["name"]: variable["value"] for variable in containers["torchserve"]["env"]}
+    (image,) = kustomization()["images"]
+    assert torchserve.pop("image") == f"{image['newName']}:{image['newTag']}"
+    expected = {key: value for key, value in containers["torchserve"].items() if key not in ("name", "image", "env")}
+    # The config and the archives come from the bucket (/mnt/models), not from a ConfigMap and a volume.
+    expected["volumeMounts"] = [mount for mount in expected["volumeMounts"] if mount["name"] not in ("config", "model-store")]
+    expected.pop("ports")  # metrics: scraped through the prometheus.io annotations; only the gateway has a port
+    assert json.loads(json.dumps(torchserve)) == json.loads(
+        json.dumps(expected).replace("/home/model-server/config/config.properties", "/mnt/models/config/config.properties")
+    )
+    volumes = [volume for volume in pod["volumes"] if volume["name"] not in ("config", "model-store")]
+    assert predictor["volumes"] == volumes
+    assert str(torchserve["resources"]["limits"]["nvidia.com/gpu"]) == "1"
 
 
 # -- memory: one derivation (scripts/deploy/memory.py), the manifest, the JVM's flags and the gateway checked against it
@@ -427,15 +487,19 @@ def test_the_derived_memory_is_written_where_it_is_used(tmp_path, pod_config):
         ("config.properties", CONFIG, f"-Xmx{pod.heap_mib}m", "-Xmx1m"),
         ("deployment.yaml", K8S / "deployment.yaml", f"memory: {pod.torchserve_mib}Mi", "memory: 1Mi"),
         ("kubernetes.md", ROOT / "docs" / "kubernetes.md", f"-> {pod.torchserve_mib} MiB", "-> 1 MiB"),
+        ("inferenceservice.yaml", KSERVE / "inferenceservice.yaml", f"memory: {pod.torchserve_mib}Mi", "memory: 1Mi"),
     ]:
         stale[name] = tmp_path / name
         stale[name].write_text(source.read_text().replace(old, new))
-    changed = memory.rewrite(pod, stale["config.properties"], stale["deployment.yaml"], stale["kubernetes.md"])
+    files = [stale[name] for name in ("config.properties", "deployment.yaml", "kubernetes.md", "inferenceservice.yaml")]
+    assert "memory: 1Mi" in stale["inferenceservice.yaml"].read_text()
+    changed = memory.rewrite(pod, *files)
     assert sorted(path.name for path in changed) == sorted(stale)
     assert stale["config.properties"].read_text() == CONFIG.read_text()
     assert stale["deployment.yaml"].read_text() == (K8S / "deployment.yaml").read_text()
     assert stale["kubernetes.md"].read_text() == (ROOT / "docs" / "kubernetes.md").read_text()
-    assert memory.rewrite(pod, stale["config.properties"], stale["deployment.yaml"], stale["kubernetes.md"]) == []
+    assert stale["inferenceservice.yaml"].read_text() == (KSERVE / "inferenceservice.yaml").read_text()
+    assert memory.rewrite(pod, *files) == []
 
 
 def test_the_pod_runs_both_lanes_with_cpu_requested_not_limited_and_the_bulk_lanes_in_the_background(
