@@ -25,6 +25,9 @@ class Task(abc.ABC):
     Options: ClassVar[type]
     # Media type prefixes a raw body may be sent as ("image/", "text/", ...); another gets a 415 before decoding.
     raw_media: ClassVar[tuple[str, ...]] = ()
+    # The request bodies the task accepts, as OpenAPI 3.0 schemas by media type (docs/architecture.md §5): what
+    # `make fuzz` describes to schemathesis, and what every model's samples are checked against (a unit test).
+    request_bodies: ClassVar[Mapping[str, Mapping[str, Any]]]
     # A JSON instance decoded once to capture CUDA graphs (InferenceCore.capture_graphs); None: the task cannot.
     GRAPH_EXAMPLE_ITEM: ClassVar[Any] = None
     # Rows of a variable length (text): the longest, so CUDA graphs are captured per length bucket up to it.
@@ -40,6 +43,8 @@ class Task(abc.ABC):
                 raise TypeError(
                     f"two tasks are named {cls.name!r}: {cls.registered[cls.name].__qualname__} and {cls.__qualname__}"
                 )
+            if not isinstance(getattr(cls, "request_bodies", None), Mapping):
+                raise TypeError(f"task {cls.name!r} declares no request_bodies (its request contract, by media type)")
             cls.registered[cls.name] = cls
 
     def __init__(self, options: Any) -> None:
@@ -84,6 +89,24 @@ class Task(abc.ABC):
         """Every JSON instance of a request at once (vectorised), giving exactly the rows decode_instance gives item by
         item, or None to let the core decode item by item (so errors name the first bad item). Default: None."""
         return None
+
+
+def instances_body(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON request body {"instances": [item, ...]} with at least one item, as a schema."""
+    return {
+        "type": "object",
+        "required": ["instances"],
+        "properties": {"instances": {"type": "array", "minItems": 1, "items": dict(item)}},
+    }
+
+
+B64_IMAGE = {
+    "type": "object",
+    "required": ["b64"],
+    "properties": {"b64": {"type": "string", "format": "byte"}},
+    "additionalProperties": False,
+}
+BINARY = {"type": "string", "format": "binary"}
 
 
 def require_positive(options: Any, *keys: str) -> None:

@@ -22,7 +22,7 @@ from handlers.digit_images import DEFAULT_MAX_PIXELS, DEFAULT_MAX_REQUEST_PIXELS
 from handlers.errors import RequestError
 from handlers.images import PixelBudget
 from handlers.model_files import load_program
-from handlers.tasks.base import Task, require_positive
+from handlers.tasks.base import B64_IMAGE, BINARY, Task, instances_body, require_positive
 
 PIXELS = GRID * GRID
 MAX_VALUE = 16.0
@@ -43,11 +43,31 @@ class DigitOptions:
         require_positive(self, "max_image_pixels", "max_request_pixels")
 
 
+PIXEL = {"type": "number", "minimum": 0, "maximum": 16}  # the digits data's ink, 0 to 16
+
+
 class DigitClassification(Task):
     name = "digit_classification"
     Options = DigitOptions
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
     raw_media = ("image/", "application/octet-stream")
+    request_bodies = {
+        "application/json": instances_body(
+            {
+                "oneOf": [
+                    {"type": "array", "items": PIXEL, "minItems": 64, "maxItems": 64},
+                    {
+                        "type": "array",
+                        "items": {"type": "array", "items": PIXEL, "minItems": 8, "maxItems": 8},
+                        "minItems": 8,
+                        "maxItems": 8,
+                    },
+                    B64_IMAGE,
+                ]
+            }
+        ),
+        "image/png": BINARY,
+    }
 
     def __init__(self, options: DigitOptions, budget: PixelBudget | None = None) -> None:
         self.options = options

@@ -24,7 +24,7 @@ from PIL import Image
 from handlers.errors import RequestError, SettingsError
 from handlers.images import PixelBudget, decode_rgb
 from handlers.model_files import load_program
-from handlers.tasks.base import Task, require_positive
+from handlers.tasks.base import B64_IMAGE, BINARY, Task, instances_body, require_positive
 
 DEFAULT_LABELS_FILE = "imagenet_classes.json"
 # torchvision's ImageNet evaluation transforms: Resize(256), CenterCrop(224), Normalize(mean, std).
@@ -68,6 +68,12 @@ class ImageClassification(Task):
     Options = ImageClassificationOptions
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
     raw_media = ("image/", "application/octet-stream")
+    request_bodies = {
+        "application/json": instances_body(B64_IMAGE),
+        "image/jpeg": BINARY,
+        "image/png": BINARY,
+        "image/webp": BINARY,
+    }
 
     def __init__(self, options: ImageClassificationOptions, budget: PixelBudget | None = None) -> None:
         self.options = options

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from handlers.errors import RequestError, SettingsError, too_large
 from handlers.model_files import load_program
-from handlers.tasks.base import Task
+from handlers.tasks.base import Task, instances_body
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.json"
 # The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
@@ -64,6 +64,10 @@ class TextEmbedding(Task):
     Options = TextEmbeddingOptions
     # Media types a raw body may be sent as (handlers/decoding.py RequestLimits).
     raw_media = ("text/", "application/octet-stream")
+    request_bodies = {
+        "application/json": instances_body({"type": "string"}),
+        "text/plain": {"type": "string", "minLength": 1},
+    }
 
     def __init__(self, options: TextEmbeddingOptions) -> None:
         self.tokenizer_file = options.tokenizer_file

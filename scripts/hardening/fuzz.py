@@ -7,13 +7,14 @@
 TorchServe describes every model as one `POST /predictions/{model_name}` taking `*/*` bytes, under an
 operationId it also gives two other operations, beside paths this port does not serve (/metrics), and
 without its token auth. `repair()` keeps TorchServe's operation and responses and fixes those: one path
-per lane, a unique operationId, the request bodies of docs/architecture.md §5 (JSON instances, a raw image,
-a raw text), the 4xx answers of the contract and the bearer token. schemathesis then sends schema-valid and
+per lane, a unique operationId, the request bodies its model's task declares (handlers/tasks: `request_bodies`,
+JSON instances and raw bodies), the 4xx answers of the contract and the bearer token. Every lane of every model
+in models/ is fuzzed. schemathesis then sends schema-valid and
 schema-violating requests to each lane (its coverage and fuzzing phases, positive and negative modes).
 
 Passes when no request got a 5xx (schemathesis' not_a_server_error check), no lane's worker restarted
-(worker pids from the management API before and after) and each lane still answers a known input as
-before: the digit-7 PNG is a 7, a sentence gets the embedding it got before the run.
+(worker pids from the management API before and after) and each lane answers its model's samples
+(models/<name>/samples.json) as they must be answered, before the run and after it.
 """
 
 from __future__ import annotations
@@ -24,24 +25,31 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import requests
 import schemathesis
 
+from handlers.tasks import TASKS
+from models import registry
 from scripts import cli
-from scripts.clients.rest import predict
 from scripts.errors import ScriptError
 from scripts.hardening import subject
 from scripts.layout import BUILD, JSON
 from scripts.server.endpoints import Endpoints
+from scripts.swap.gates import GateResult, gate
 from scripts.swap.management import ManagementApi
 
-DIGIT_LABEL = 7
-SENTENCE = "A known sentence, embedded before and after the fuzz run."
-EMBEDDING_TOLERANCE = 1e-5  # same input, same worker code: only float summation order may differ
-# The lanes fuzzed, by the model whose request contract they follow.
-LANES = {"digits": "digits", "digits-bulk": "digits", "minilm": "minilm", "minilm-bulk": "minilm"}
 PREDICTIONS = "/predictions/{model_name}"
+
+
+def lanes_of(models: tuple[str, ...] | None = None) -> dict[str, str]:
+    """{lane: model} for every lane of `models` (default: every model the folders declare)."""
+    return {lane.name: lane.model for lane in registry.lanes() if models is None or lane.model in models}
+
+
+def request_bodies(model: str) -> dict[str, dict]:
+    """The request bodies `model`'s task accepts, by media type (its task's `request_bodies`)."""
+    task = TASKS[registry.model(model).handler_config()["handler"]["task"]]
+    return copy.deepcopy({media: dict(schema) for media, schema in task.request_bodies.items()})
 
 
 class FuzzError(ScriptError):
@@ -101,48 +109,6 @@ ERROR = {
     "required": ["code", "type", "message"],
     "properties": {"code": {"type": "integer"}, "type": {"type": "string"}, "message": {"type": "string"}},
 }
-NUMBER = {"type": "number", "minimum": 0, "maximum": 16}
-# Request bodies per model, as docs/architecture.md §5 defines them.
-BODIES = {
-    "digits": {
-        JSON: {
-            "type": "object",
-            "required": ["instances"],
-            "properties": {
-                "instances": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "oneOf": [
-                            {"type": "array", "items": NUMBER, "minItems": 64, "maxItems": 64},
-                            {
-                                "type": "array",
-                                "items": {"type": "array", "items": NUMBER, "minItems": 8, "maxItems": 8},
-                                "minItems": 8,
-                                "maxItems": 8,
-                            },
-                            {
-                                "type": "object",
-                                "required": ["b64"],
-                                "properties": {"b64": {"type": "string", "format": "byte"}},
-                                "additionalProperties": False,
-                            },
-                        ]
-                    },
-                }
-            },
-        },
-        "image/png": {"type": "string", "format": "binary"},
-    },
-    "minilm": {
-        JSON: {
-            "type": "object",
-            "required": ["instances"],
-            "properties": {"instances": {"type": "array", "minItems": 1, "items": {"type": "string"}}},
-        },
-        "text/plain": {"type": "string", "minLength": 1},
-    },
-}
 # The contract's answers besides TorchServe's own 404/500/503 (docs/architecture.md §5).
 ANSWERS = {
     "400": "Bad input: the message names the field, the expected shape or type, or the limit",
@@ -152,8 +118,10 @@ ANSWERS = {
 }
 
 
-def repair(description: dict, lanes: dict[str, str] = LANES) -> dict:
-    """A valid description of the prediction endpoints of `lanes` ({lane: model}), built on TorchServe's."""
+def repair(description: dict, lanes: dict[str, str] | None = None) -> dict:
+    """A valid description of the prediction endpoints of `lanes` ({lane: model}; default every lane), built on
+    TorchServe's."""
+    lanes = lanes if lanes is not None else lanes_of()
     try:
         served = description["paths"][PREDICTIONS]["post"]
     except KeyError:
@@ -166,7 +134,7 @@ def repair(description: dict, lanes: dict[str, str] = LANES) -> dict:
         operation["parameters"] = [p for p in operation.get("parameters", []) if p.get("name") != "model_name"]
         operation["requestBody"] = {
             "required": True,
-            "content": {media_type: {"schema": schema} for media_type, schema in BODIES[model].items()},
+            "content": {media_type: {"schema": schema} for media_type, schema in request_bodies(model).items()},
         }
         responses = operation.setdefault("responses", {})
         for status, text in ANSWERS.items():
@@ -293,44 +261,25 @@ def _clip(text: str) -> str:
 
 @dataclass(frozen=True)
 class LaneState:
-    """Each lane's worker pids and its answer to a known input: a digit lane's label for the digit-7 PNG,
-    a text lane's embedding of SENTENCE."""
+    """Each lane's worker pids and how it answered its model's samples (the hot-swap gate's check)."""
 
     worker_pids: dict[str, tuple[int, ...]]
-    answers: dict[str, int | list[float]]
+    answers: dict[str, GateResult]
 
 
-def lane_state(endpoints: Endpoints, lanes: dict[str, str] = LANES) -> LaneState:
+def lane_state(endpoints: Endpoints, lanes: dict[str, str]) -> LaneState:
     management = ManagementApi(endpoints)
     pids = {lane: management.worker_pids(lane) for lane in lanes}
-    return LaneState(pids, {lane: known_answer(endpoints, lane, model) for lane, model in lanes.items()})
-
-
-def known_answer(endpoints: Endpoints, lane: str, model: str) -> int | list[float]:
-    if model == "digits":
-        reply = predict(endpoints, lane, subject.DIGIT_PNG.read_bytes(), "image/png", timeout=120)
-        key = "label"
-    else:
-        reply = predict(endpoints, lane, SENTENCE.encode(), "text/plain; charset=utf-8", timeout=120)
-        key = "embedding"
-    if reply.status_code != 200:
-        raise FuzzError(f"{lane} answered its known input with HTTP {reply.status_code}: {reply.text[:300]}")
-    return reply.json()[key]
+    return LaneState(pids, {lane: gate(endpoints, lane) for lane in lanes})
 
 
 def changes(before: LaneState, after: LaneState) -> list[str]:
-    """What the run broke: a restarted worker, or a lane that no longer answers as it did (a digit lane: 7)."""
+    """What the run broke: a restarted worker, or a lane that no longer answers its samples as it must."""
     found = []
     for lane, pids in before.worker_pids.items():
         if after.worker_pids.get(lane) != pids:
             found.append(f"{lane}: workers {list(pids)} before, {list(after.worker_pids.get(lane, ()))} after (a restart)")
-    for lane, answer in after.answers.items():
-        if isinstance(answer, int):
-            if answer != DIGIT_LABEL:
-                found.append(f"{lane}: the digit-7 PNG is now a {answer}")
-        elif not np.allclose(answer, before.answers[lane], rtol=0, atol=EMBEDDING_TOLERANCE):
-            gap = float(np.max(np.abs(np.asarray(answer) - np.asarray(before.answers[lane]))))
-            found.append(f"{lane}: the sentence's embedding moved by up to {gap:.2e} (tolerance {EMBEDDING_TOLERANCE})")
+    found += [f"after the run: {answer.summary()}" for answer in after.answers.values() if not answer.passed]
     return found
 
 
@@ -366,7 +315,7 @@ class FuzzReport:
             f"worker pids before {_pids(self.before)}, after {_pids(self.after)}",
         ]
         failures = self.failures
-        lines.append("PASS: no 5xx, no worker restart, every lane answers as before" if not failures else "FAIL:")
+        lines.append("PASS: no 5xx, no worker restart, every lane answers its samples" if not failures else "FAIL:")
         lines += [f"  - {failure}" for failure in failures]
         return "\n".join(lines)
 
@@ -382,6 +331,7 @@ class FuzzReport:
             "statuses": {str(status): count for status, count in run.statuses.items()},
             "worker_pids_before": self.before.worker_pids,
             "worker_pids_after": self.after.worker_pids,
+            "samples_after": {lane: answer.summary() for lane, answer in self.after.answers.items()},
             "failures": self.failures,
             "server_errors": [asdict(exchange) for exchange in run.server_errors],  # whole bodies, to replay
         }
@@ -399,14 +349,18 @@ def check(
     endpoints: Endpoints,
     max_examples: int,
     max_time: int | None,
-    lanes: dict[str, str] = LANES,
+    lanes: dict[str, str] | None = None,
     seed: int | None = None,
     described_by: Endpoints | None = None,
 ) -> FuzzReport:
     """Fetch and repair the description (from `described_by`: TorchServe's own listener, where `endpoints` is the
     front door, which serves no description), note the lanes, fuzz, note the lanes again."""
+    lanes = lanes if lanes is not None else lanes_of()
     raw = fetch_description(described_by or endpoints)
     before = lane_state(endpoints, lanes)
+    unready = [answer.summary() for answer in before.answers.values() if not answer.passed]
+    if unready:
+        raise FuzzError(f"a lane does not answer its samples before the run: {'; '.join(unready)}")
     seed = seed if seed is not None else random.randrange(2**32)
     run = fuzz(endpoints, repair(raw, lanes), max_examples, max_time, seed)
     return FuzzReport(problems(raw), run, before, lane_state(endpoints, lanes), seed)

@@ -50,6 +50,7 @@ MINILM_JOB_WORDS = 30  # sentences up to this many words: the lane's cost per ro
 # answered). A closed loop follows the machine's speed, so a slow or shared machine gets fewer requests, never
 # a queue of timeouts; and no batch grows past what the warm-up's burst already gave the workers.
 STREAM_CONNECTIONS = {"digits": 4, "minilm": 2}
+SOAK_MODELS = tuple(STREAM_CONNECTIONS)  # the models the soak drives (and its own server loads)
 SAMPLE_EVERY_S = 10.0
 # The soak's own server logs every request (the access log on) into files of 1 MB with 2 old ones each: the
 # five log files of monitoring/log4j2.xml then hold at most 5 x 3 MB, however long the soak.
@@ -427,7 +428,7 @@ def default_warmup(minutes: float) -> float:
     return min(30.0, max(5.0, minutes * 6))
 
 
-def lanes_of(config: Path, key_file: Path, models: tuple[str, ...] = ("digits", "minilm")) -> dict[str, Lane]:
+def lanes_of(config: Path, key_file: Path, models: tuple[str, ...] = SOAK_MODELS) -> dict[str, Lane]:
     """The stream and bulk lanes of `models` on the server of `config`. TorchServe writes key_file.json and logs/
     into the folder it was started from, so the logs are found beside the key file."""
     endpoints = Endpoints.from_config(config, key_file)
@@ -443,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else default_warmup(args.minutes)
     logging = {"vmargs": f"{ServerConfig.read().vmargs} {LOG_FLAGS}"}
-    with subject.subject(args, logging) as server:
+    with subject.subject(args, logging, SOAK_MODELS) as server:
         report = soak(lanes_of(server.config, server.endpoints.key_file), args.minutes, warmup, server.logs)
     if not args.running:
         report.logs_cap_bytes = LOGS_CAP_BYTES

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from models import registry
 from scripts import cli
 from scripts.layout import MODEL_STORE, ROOT
 from scripts.server.endpoints import Endpoints
 
-ARCHIVES = ("digits.mar", "minilm.mar")
-DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"  # a known input both checks send: the digit 7
+DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"  # the soak's stream request: the digit 7
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,19 @@ def add_options(parser: argparse.ArgumentParser, report: Path) -> None:
 
 
 @contextlib.contextmanager
-def subject(args: argparse.Namespace, overrides: dict[str, str] | None = None) -> Iterator[Subject]:
-    """The running server (--running), or a throwaway one serving every lane of ARCHIVES (config.properties
-    with `overrides`)."""
+def subject(
+    args: argparse.Namespace, overrides: dict[str, str] | None = None, models: tuple[str, ...] | None = None
+) -> Iterator[Subject]:
+    """The running server (--running), or a throwaway one serving every lane of `models` (default: every model
+    in models/), from config.properties with `overrides`."""
     if args.running:
         yield Subject(args.config, Endpoints.from_config(args.config, args.key_file), ROOT / "logs")
         return
     from scripts.server.temporary import serving_in
 
     with tempfile.TemporaryDirectory(prefix="torchserve-check-") as folder:
-        archives = {name: MODEL_STORE / name for name in ARCHIVES}
+        names = models if models is not None else tuple(registry.models())
+        archives = {f"{name}.mar": MODEL_STORE / f"{name}.mar" for name in names}
         with serving_in(Path(folder), archives, overrides, front_door=True) as server:
             yield Subject(server.config, server.endpoints, server.workdir / "logs")
 

@@ -21,7 +21,7 @@ from scripts.server.endpoints import Endpoints
 @dataclass
 class GateResult:
     lane: str
-    version: str
+    version: str | None
     min_agreement: float = 1.0
     rows: int = 0
     agreeing: int = 0
@@ -44,7 +44,8 @@ class GateResult:
             detail = f"{self.agreement:.1%} of {self.rows} samples answered as expected (need {self.min_agreement:.0%})"
             if not self.passed and self.disagreements:
                 detail += ": " + "; ".join(self.disagreements[:3])
-        return f"gate {verdict} on {self.lane} {self.version}: {detail}"
+        where = f"{self.lane} {self.version}" if self.version else self.lane
+        return f"gate {verdict} on {where}: {detail}"
 
 
 def chunk_rows(found: registry.Model, lane: str) -> int:
@@ -52,8 +53,9 @@ def chunk_rows(found: registry.Model, lane: str) -> int:
     return int(found.handler_value("max_request_rows", lane) or len(found.samples().instances))
 
 
-def gate(endpoints: Endpoints, lane: str, version: str) -> GateResult:
-    """Every sample of the lane's model to /predictions/<lane>/<version>, each answer compared with its own."""
+def gate(endpoints: Endpoints, lane: str, version: str | None = None) -> GateResult:
+    """Every sample of the lane's model to /predictions/<lane>[/<version>] (default: the lane's default version),
+    each answer compared with its own."""
     found, _ = registry.lane(lane)
     samples = found.samples()
     result = GateResult(lane, version, samples.min_agreement)

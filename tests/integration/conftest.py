@@ -44,3 +44,16 @@ def digits_server(tmp_path_factory):
 def minilm_server(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("torchserve-minilm")
     yield from start_server(workdir, ["minilm.mar"], only_lanes_of("minilm.mar"), front_door=True)
+
+
+@pytest.fixture(scope="session")
+def efficientnet_lite0_server(tmp_path_factory):
+    if not (MODEL_STORE / "efficientnet_lite0.mar").exists():
+        pytest.skip("model_store/efficientnet_lite0.mar is built by `make archive`")
+    workdir = tmp_path_factory.mktemp("torchserve-efficientnet")
+    yield from start_server(workdir, ["efficientnet_lite0.mar"], only_lanes_of("efficientnet_lite0.mar"), front_door=True)
+
+
+def model_server(request: pytest.FixtureRequest, model: str) -> RunningServer:
+    """The session's server of `model` (the fixture <model>_server: every model in models/ has one)."""
+    return request.getfixturevalue(f"{model}_server")

@@ -16,10 +16,8 @@ from models.efficientnet_lite0.samples import PHOTOGRAPHS, photograph_bytes, ref
 from scripts.clients.grpc_client import GrpcClient
 from scripts.clients.rest import predict
 from scripts.jobs.batch_job import EXIT_OK, EXIT_ROW_ERRORS, main
-from scripts.layout import JSON, MODEL_STORE
-from scripts.server.temporary import only_lanes_of
+from scripts.layout import JSON
 from tests.batch_jobs import job_args, on_server
-from tests.integration.conftest import start_server
 from tests.malformed import png_header
 
 STREAM, BULK = "efficientnet_lite0", "efficientnet_lite0-bulk"
@@ -28,11 +26,8 @@ MEDIA = {".png": "image/png", ".jpg": "image/jpeg"}
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    if not (MODEL_STORE / "efficientnet_lite0.mar").exists():
-        pytest.skip("model_store/efficientnet_lite0.mar is built by `make archive`")
-    workdir = tmp_path_factory.mktemp("torchserve-efficientnet")
-    yield from start_server(workdir, ["efficientnet_lite0.mar"], only_lanes_of("efficientnet_lite0.mar"), front_door=True)
+def classifier(efficientnet_lite0_server):
+    return efficientnet_lite0_server  # the session's (tests/integration/conftest.py), which make fuzz's test shares
 
 
 @pytest.fixture(scope="module")

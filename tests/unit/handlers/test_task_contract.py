@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+import jsonschema
+import orjson
+
 from handlers.tasks import TASKS
 from handlers.tasks.base import Task
+from models import registry
 
 
 class Rows(Task):
@@ -57,3 +61,24 @@ def test_two_tasks_of_one_name_are_refused():
     with pytest.raises(TypeError, match="two tasks are named 'text_embedding'"):
         type("Imposter", (Rows,), {"name": "text_embedding"})
     assert TASKS["text_embedding"].__module__ == "handlers.tasks.text_embedding"
+
+
+def test_a_named_task_without_its_request_bodies_is_refused():
+    with pytest.raises(TypeError, match="task 'silent' declares no request_bodies"):
+        type("Silent", (Rows,), {"name": "silent"})
+    assert "silent" not in Task.registered
+
+
+@pytest.mark.parametrize("name", sorted(registry.models()))
+def test_every_models_samples_are_valid_request_bodies_of_its_task(name):
+    found = registry.model(name)
+    task = TASKS[found.handler_config()["handler"]["task"]]
+    schema = task.request_bodies["application/json"]
+    jsonschema.Draft4Validator.check_schema(schema)  # OpenAPI 3.0's schemas are a JSON Schema draft 4 dialect
+    body = orjson.loads(orjson.dumps({"instances": list(found.samples().instances)}))
+    jsonschema.Draft4Validator(schema, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER).validate(body)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema).validate({"instances": []})
+    # Every raw media type the task declares is one its decoder takes (raw_media prefixes).
+    raw = [media for media in task.request_bodies if media != "application/json"]
+    assert raw and all(media.startswith(task.raw_media) for media in raw)
