@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import jsonschema
 import orjson
+import pytest
 
 from handlers.tasks import TASKS
 from handlers.tasks.base import Task
