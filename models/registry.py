@@ -141,6 +141,11 @@ class Model:
     def handler_config(self) -> dict[str, Any]:
         return _yaml(self.folder / "model-config.yaml")
 
+    @property
+    def task(self) -> str:
+        """The name of the handler's task (handlers/tasks/, TASKS), from model-config.yaml's handler.task."""
+        return self.handler_config()["handler"]["task"]
+
     def handler_value(self, key: str, lane: str, default: Any = None) -> Any:
         """model-config.yaml's handler.<key> for `lane`, a per-lane map resolved as the handler does."""
         return per_lane(self.handler_config()["handler"].get(key, default), lane)

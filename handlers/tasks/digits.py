@@ -43,7 +43,7 @@ class DigitOptions:
         require_positive(self, "max_image_pixels", "max_request_pixels")
 
 
-PIXEL = {"type": "number", "minimum": 0, "maximum": 16}  # the digits data's ink, 0 to 16
+PIXEL = {"type": "number", "minimum": 0, "maximum": MAX_VALUE}  # the digits data's ink, 0 to 16
 
 
 class DigitClassification(Task):

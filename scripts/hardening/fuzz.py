@@ -48,8 +48,7 @@ def lanes_of(models: tuple[str, ...] | None = None) -> dict[str, str]:
 
 def request_bodies(model: str) -> dict[str, dict]:
     """The request bodies `model`'s task accepts, by media type (its task's `request_bodies`)."""
-    task = TASKS[registry.model(model).handler_config()["handler"]["task"]]
-    return copy.deepcopy({media: dict(schema) for media, schema in task.request_bodies.items()})
+    return copy.deepcopy(dict(TASKS[registry.model(model).task].request_bodies))
 
 
 class FuzzError(ScriptError):

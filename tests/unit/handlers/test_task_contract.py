@@ -71,7 +71,7 @@ def test_a_named_task_without_its_request_bodies_is_refused():
 @pytest.mark.parametrize("name", sorted(registry.models()))
 def test_every_models_samples_are_valid_request_bodies_of_its_task(name):
     found = registry.model(name)
-    task = TASKS[found.handler_config()["handler"]["task"]]
+    task = TASKS[found.task]
     schema = task.request_bodies["application/json"]
     jsonschema.Draft4Validator.check_schema(schema)  # OpenAPI 3.0's schemas are a JSON Schema draft 4 dialect
     body = orjson.loads(orjson.dumps({"instances": list(found.samples().instances)}))
