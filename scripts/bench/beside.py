@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from handlers.decoding import Payload
 from handlers.lane_signal import LaneSignal
 from handlers.priority import OMP_WAIT_POLICY
 from handlers.yielding import YieldingPasses
-from models.digits.samples import digit_rows, write_parquet
+from models.digits.samples import digit_rows
 from models.minilm.samples import varied_sentences
 from scripts import cli
 from scripts.archive.core import load_core
@@ -56,14 +57,20 @@ class Plan:
     seconds: float = 5.0
     warmup: float = 1.0
     job_seconds: float = 10.0  # the job alone, no traffic
-    job_rows: tuple[tuple[str, int], ...] = (("digits", 500_000), ("minilm", 2_000))  # long: few restarts (start-up is seconds)
+    job_rows: tuple[tuple[str, int], ...] = (("digits", 3_000_000), ("minilm", 30_000))  # long: no restart (start-up is seconds)
     probe_seconds: float = 4.0
+    # Alone and beside alternate this many times at each load (the job paused, then resumed): a shared machine's
+    # speed drifts by more than the targets' 10-20% over the minutes a model's points take, so each ratio compares
+    # runs seconds apart; each cell is the mean of its runs.
+    repeats: int = 2
 
     def rows(self, model: str) -> int:
         return dict(self.job_rows)[model]
 
 
-QUICK = Plan(seconds=2.0, warmup=0.5, job_seconds=5.0, job_rows=(("digits", 200_000), ("minilm", 600)), probe_seconds=2.0)
+QUICK = Plan(
+    seconds=2.0, warmup=0.5, job_seconds=5.0, job_rows=(("digits", 1_000_000), ("minilm", 8_000)), probe_seconds=2.0, repeats=2
+)
 
 
 @dataclass
@@ -77,6 +84,7 @@ class Point:
     stream_cpu_share: float | None = None  # alone: the machine's share the stream lane (workers + frontend) used
     machine_busy: float = 0.0  # the share of every core busy meanwhile, whoever used it (/proc/stat)
     job_rps: float | None = None  # beside: the job's rows/s during this point
+    paired: str = ""  # alone: the condition whose runs it alternated with (its job paused meanwhile)
 
 
 @dataclass
@@ -89,24 +97,58 @@ class ModelResult:
     jobs_checked: int = 0  # finished jobs whose output held every row exactly once
     jobs_failed: list[str] = field(default_factory=list)
 
-    def point(self, load: str, condition: str) -> Point:
-        return next(p for p in self.points if p.load == load and p.condition == condition)
+    def point(self, load: str, condition: str, paired: str = CONDITIONS[1]) -> Point:
+        """The mean of a load's runs in a condition; alone: those that alternated with `paired`."""
+        runs = [p for p in self.points if p.load == load and p.condition == condition]
+        if condition == "alone":
+            runs = [p for p in runs if p.paired == paired]
+        return mean_point(runs)
+
+
+def mean_point(runs: list[Point]) -> Point:
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    first = runs[0]
+    return Point(
+        first.load,
+        first.condition,
+        mean([p.p50_ms for p in runs]),
+        mean([p.p99_ms for p in runs]),
+        mean([p.rps for p in runs]),
+        sum(p.errors for p in runs),
+        stream_cpu_share=mean([p.stream_cpu_share for p in runs]),
+        machine_busy=mean([p.machine_busy for p in runs]),
+        job_rps=mean([p.job_rps for p in runs]),
+        paired=first.paired,
+    )
 
 
 # -- the job ---------------------------------------------------------------------------------------------
 
 
+# Distinct rows a job's input is made of, repeated (with their own ids) up to the plan's rows: digit_rows takes a
+# while per row, and a job long enough to run through every point is never restarted during one (a restart's
+# start-up, seconds without rows, would read as the job starved).
+DISTINCT_ROWS = 200_000
+
+
 def job_input(model: str, rows: int, folder: Path) -> Path:
+    import pyarrow as pa
+
     path = folder / f"{model}-{rows}.parquet"
     if path.exists():
         return path
+    distinct = min(rows, DISTINCT_ROWS)
     if model == "digits":
-        return write_parquet(path, digit_rows(rows))
-    import pyarrow as pa
-
-    sentences = [s for s in varied_sentences(4 * rows) if len(s.split()) <= 30]
-    picked = [sentences[i % len(sentences)] for i in range(rows)]
-    pq.write_table(pa.table({"id": [f"text-{n}" for n in range(rows)], "instance": picked}), path)
+        instances = digit_rows(distinct).instances
+    else:
+        sentences = [s for s in varied_sentences(4 * distinct) if len(s.split()) <= 30]
+        instances = [sentences[i % len(sentences)] for i in range(distinct)]
+    picked = [instances[i % distinct] for i in range(rows)]
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"id": [f"{model}-{n}" for n in range(rows)], "instance": picked}), path)
     return path
 
 
@@ -114,16 +156,20 @@ class JobLoop:
     """One job after another (python -m scripts.jobs.batch_job, as a user runs it) until stopped; the rows done
     so far read from each job's progress file, each finished job's output checked: every row exactly once."""
 
-    def __init__(self, model: str, source: Path, folder: Path, args: list[str]) -> None:
+    def __init__(self, model: str, source: Path, folder: Path, args: list[str], env: dict[str, str] | None = None) -> None:
         self.model, self.source, self.args = model, source, args
+        self.env = {**os.environ, **(env or {})}
         self.folder = Path(tempfile.mkdtemp(prefix=f"{model}-jobs-", dir=folder))  # no other loop's leftovers
         self.rows = pq.read_metadata(source).num_rows
         self.finished = 0
         self._lock = threading.Lock()  # the rows of finished jobs and the running job's output change together
         self._done_before = 0
+        self._running_done = 0  # the running job's rows done at its last progress reading
         self.checked = 0
         self.failed: list[str] = []
         self._stop = threading.Event()
+        self._go = threading.Event()  # cleared while paused: no job starts, the running one is stopped
+        self._go.set()
         self._process: subprocess.Popen | None = None
         self._output: Path | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -134,18 +180,38 @@ class JobLoop:
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        self.resume()
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
         self._thread.join(timeout=120)
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def rows_done(self) -> int:
+        """Rows of the finished jobs and the running one's last progress. A job removes its progress file as it
+        finishes, before this loop counts it finished: the running job's last reading stands meanwhile."""
         with self._lock:
-            done, output = self._done_before, self._output
+            output = self._output
             if output is not None:
                 with contextlib.suppress(FileNotFoundError, ValueError, KeyError):
-                    done += orjson.loads(output.with_name(output.name + ".progress.json").read_bytes())["rows_done"]
-        return done
+                    progress = orjson.loads(output.with_name(output.name + ".progress.json").read_bytes())["rows_done"]
+                    self._running_done = max(self._running_done, progress)
+            return self._done_before + (self._running_done if output is not None else 0)
+
+    def pause(self) -> None:
+        """The job's processes stopped (SIGSTOP): nothing more reaches its lane; what is in flight finishes."""
+        with self._lock:
+            self._go.clear()
+            self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        with self._lock:
+            self._signal(signal.SIGCONT)
+            self._go.set()
+
+    def _signal(self, number: int) -> None:
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, number)
 
     def wait_started(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -158,14 +224,18 @@ class JobLoop:
             output = self.folder / f"{self.model}-job-{number}.parquet"
             command = [sys.executable, "-m", "scripts.jobs.batch_job", "--model", self.model, "--input", str(self.source)]
             command += ["--output", str(output), "--overwrite", "--no-progress", *self.args]
+            self._go.wait()
             with self._lock:
-                self._output = output
+                self._output, self._running_done = output, 0
             # In the bench's session with the TorchServe it serves beside (process groups of their own): where the
             # kernel groups by session, idle priority orders threads within one (handlers/priority.py), as on a
             # machine or in a pod of their own; the other sessions of this shared machine get their fair share.
             self._process = subprocess.Popen(
-                command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, process_group=0
+                command, cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, process_group=0
             )
+            with self._lock:
+                if not self._go.is_set():  # paused while it started
+                    self._signal(signal.SIGSTOP)
             _, stderr = self._process.communicate()
             if self._stop.is_set():
                 break
@@ -227,19 +297,43 @@ def loads(plan: Plan) -> list[str]:
     return [f"c={c}" for c in plan.connections] + [f"{round(f * 100)}%" for f in plan.fractions]
 
 
-def run_points(result: ModelResult, target, plan: Plan, condition: str, pids: list[int], job: JobLoop | None) -> None:
+def point_of(target, load: str, plan: Plan, capacity: float, condition: str, pids: list[int], job: JobLoop | None) -> Point:
+    cpu, rows, started, ticks = process_cpu_s(pids), job.rows_done() if job else 0, time.monotonic(), machine_busy_ticks()
+    run = measure(target, load, plan, capacity)
+    elapsed = time.monotonic() - started
+    busy, total = (after - before for after, before in zip(machine_busy_ticks(), ticks, strict=True))
+    point = Point(load, condition, run.p50_ms, run.p99_ms, run.rps, run.errors, machine_busy=busy / max(1, total))
+    if job is None:
+        point.stream_cpu_share = (process_cpu_s(pids) - cpu) / (elapsed * os.cpu_count())
+    else:
+        point.job_rps = max(0.0, job.rows_done() - rows) / elapsed
+    print(f"  {condition:15} {load:>5}: {run.row()}" + (f"  job {point.job_rps:,.0f} rows/s" if job else ""), flush=True)
+    return point
+
+
+def wait_idle(pids, timeout: float = 30.0, window: float = 0.3) -> None:
+    """Until the processes `pids()` names use no CPU for a window (a paused job's bulk requests in flight answered)."""
+    deadline = time.monotonic() + timeout
+    before = process_cpu_s(pids())
+    while time.monotonic() < deadline:
+        time.sleep(window)
+        now = process_cpu_s(pids())
+        if now - before <= 1.5 / CLOCK_TICKS:
+            return
+        before = now
+
+
+def run_points(result: ModelResult, target, plan: Plan, condition: str, pids: list[int], job: JobLoop, drained) -> None:
+    """At each load, alone (the job paused, its lane drained) and beside it, alternately, plan.repeats times."""
     for load in loads(plan):
-        cpu, rows, started, ticks = process_cpu_s(pids), job.rows_done() if job else 0, time.monotonic(), machine_busy_ticks()
-        run = measure(target, load, plan, result.capacity_rps)
-        elapsed = time.monotonic() - started
-        busy, total = (after - before for after, before in zip(machine_busy_ticks(), ticks, strict=True))
-        point = Point(load, condition, run.p50_ms, run.p99_ms, run.rps, run.errors, machine_busy=busy / max(1, total))
-        if job is None:
-            point.stream_cpu_share = (process_cpu_s(pids) - cpu) / (elapsed * os.cpu_count())
-        else:
-            point.job_rps = max(0.0, job.rows_done() - rows) / elapsed
-        result.points.append(point)
-        print(f"  {condition:15} {load:>5}: {run.row()}" + (f"  job {point.job_rps:,.0f} rows/s" if job else ""), flush=True)
+        for _ in range(plan.repeats):
+            job.pause()
+            wait_idle(drained)
+            alone = point_of(target, load, plan, result.capacity_rps, "alone", pids, None)
+            alone.paired = condition
+            job.resume()
+            beside = point_of(target, load, plan, result.capacity_rps, condition, pids, job)
+            result.points += [alone, beside]
 
 
 def job_alone(job: JobLoop, seconds: float) -> float:
@@ -248,52 +342,80 @@ def job_alone(job: JobLoop, seconds: float) -> float:
     return (job.rows_done() - rows) / (time.monotonic() - started)
 
 
+def alternate_alone(jobs: dict[str, JobLoop], drained: dict[str, object], plan: Plan) -> dict[str, float]:
+    """Each job's rows/s with no traffic, the jobs taking turns (the others paused and drained), plan.repeats times."""
+    rates: dict[str, list[float]] = {name: [] for name in jobs}
+    for _ in range(plan.repeats):
+        for name, job in jobs.items():
+            for other_name, other in jobs.items():
+                if other is not job:
+                    other.pause()
+                    wait_idle(drained[other_name])
+            job.resume()
+            rates[name].append(job_alone(job, plan.job_seconds / plan.repeats))
+    for job in jobs.values():
+        job.resume()
+    return {name: sum(values) / len(values) for name, values in rates.items()}
+
+
 def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
     source = job_input(model, plan.rows(model), workdir)
     body = request_body(model)
     server_job = ["--chunk-size", "1000" if model == "digits" else "32"]
     archives = {f"{model}.mar": MODEL_STORE / f"{model}.mar"}
-    with serving_in(workdir / "server", archives, only_lanes_of(f"{model}.mar"), own_session=False) as server:
+    # The mechanism off (lanes interactive, no yield, OpenMP's default wait, the job at normal priority: what the bulk
+    # lane ran at before), served beside from the start so that its job and the real one alternate.
+    off_archive = write_variant(
+        MODEL_STORE / f"{model}.mar", workdir / "off" / f"{model}.mar", {"priority": "interactive", "yield_pass_ms": 0}
+    )
+    lanes = only_lanes_of(f"{model}.mar")
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(serving_in(workdir / "server", archives, lanes, own_session=False))
+        with _environment(OMP_WAIT_POLICY, ""):
+            off = stack.enter_context(serving_in(workdir / "off-server", {f"{model}.mar": off_archive}, lanes, own_session=False))
         endpoints = server.endpoints
         target = loadgen.Target(endpoints.prediction_url(model), body, JSON, endpoints.token("inference"))
         capacity = loadgen.closed_loop(target, 16, plan.seconds, warmup_s=plan.warmup).rps
         result = ModelResult(model, capacity)
         print(f"{model}: capacity {capacity:,.0f} req/s at 16 connections", flush=True)
         pids = stream_pids(server, model)
-        run_points(result, target, plan, "alone", pids, None)
+        bulk = f"{model}-bulk"
+
+        def bulk_workers(of=server) -> list[int]:
+            return list(ManagementApi(of.endpoints).worker_pids(bulk))
+
+        def nothing() -> list[int]:
+            return []
+
         config = ["--config", str(server.config), "--key-file", str(endpoints.key_file)]
+        off_config = ["--config", str(off.config), "--key-file", str(off.endpoints.key_file), "--normal-priority"]
         jobs = {
-            "bulk lane job": [*server_job, *config],
-            "in-process job": ["--in-process", "--chunk-size", server_job[1]],
+            "bulk lane job": ([*server_job, *config], bulk_workers),
+            "in-process job": (["--in-process", "--chunk-size", server_job[1]], nothing),
         }
-        for condition, args in jobs.items():
-            with JobLoop(model, source, workdir, args) as job:
+        for condition, (args, drained) in jobs.items():
+            with contextlib.ExitStack() as running:
+                job = running.enter_context(JobLoop(model, source, workdir, args))
                 job.wait_started()
-                result.job_alone[condition] = job_alone(job, plan.job_seconds)
+                if condition == "bulk lane job":
+                    off_job = running.enter_context(
+                        JobLoop(model, source, workdir, [*server_job, *off_config], env={OMP_WAIT_POLICY: ""})
+                    )
+                    off_job.wait_started()
+                    rates = alternate_alone(
+                        {condition: job, "off": off_job}, {condition: drained, "off": lambda: bulk_workers(off)}, plan
+                    )
+                    result.job_alone[condition], result.baseline_rps = rates[condition], rates["off"]
+                    off_job.pause()
+                    wait_idle(lambda: bulk_workers(off))
+                    print(f"  bulk lane job alone, mechanism off: {result.baseline_rps:,.0f} rows/s", flush=True)
+                else:
+                    result.job_alone[condition] = job_alone(job, plan.job_seconds)
                 print(f"  {condition} alone: {result.job_alone[condition]:,.0f} rows/s", flush=True)
-                run_points(result, target, plan, condition, pids, job)
-            result.jobs_checked += job.checked
-            result.jobs_failed += job.failed
-    result.baseline_rps = baseline(model, source, plan, workdir, server_job)
+                run_points(result, target, plan, condition, pids, job, drained)
+                result.jobs_checked += job.checked
+                result.jobs_failed += job.failed
     return result
-
-
-def baseline(model: str, source: Path, plan: Plan, workdir: Path, job_args: list[str]) -> float:
-    """The bulk lane job alone with the mechanism off: the lanes interactive, no yield, OpenMP's default wait, the
-    job's process at normal priority (what the bulk lane ran at before)."""
-    archive = write_variant(
-        MODEL_STORE / f"{model}.mar", workdir / "off" / f"{model}.mar", {"priority": "interactive", "yield_pass_ms": 0}
-    )
-    with (
-        _environment(OMP_WAIT_POLICY, ""),
-        serving_in(workdir / "off-server", {f"{model}.mar": archive}, only_lanes_of(f"{model}.mar"), own_session=False) as server,
-    ):
-        config = ["--config", str(server.config), "--key-file", str(server.endpoints.key_file), "--normal-priority"]
-        with JobLoop(model, source, workdir, [*job_args, *config]) as job:
-            job.wait_started()
-            rate = job_alone(job, plan.job_seconds)
-    print(f"  bulk lane job alone, mechanism off: {rate:,.0f} rows/s", flush=True)
-    return rate
 
 
 @contextlib.contextmanager
@@ -464,14 +586,18 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
         f"{Path('/proc/loadavg').read_text().split()[2]} over 15 minutes at the end). Each model's stream lane "
         f"(one-row JSON, the lane's config.properties batching) alone, beside a full-speed job through its bulk lane "
         f"(`python -m scripts.jobs.batch_job`, Parquet in and out, restarted when it ends) and beside an `--in-process` "
-        f"job; wrk closed loop, k6 open loop at shares of the lane's capacity at 16 connections; {plan.seconds:g} s a point.",
+        f"job; wrk closed loop, k6 open loop at shares of the lane's capacity at 16 connections; {plan.seconds:g} s a point. "
+        f"At each load alone and beside alternate {plan.repeats} times (the job paused with SIGSTOP and its lane drained, "
+        "then resumed), so that each ratio compares runs seconds apart on a machine whose speed drifts; a cell is the "
+        "mean of its runs. The job alone and the same job with the mechanism off (served side by side) take turns too.",
         "",
     ]
     for result in results:
         lines += [f"### {result.model}", "", f"Capacity: {result.capacity_rps:,.0f} req/s at 16 connections.", ""]
         lines += [
-            "Each cell: p50 / p99 ms, req/s; alone, then the machine's share the stream lane used (workers and frontend); "
-            "beside, the ratios to alone and the job's rows/s meanwhile; [the share of the machine busy, whoever used it].",
+            "Each cell: p50 / p99 ms, req/s; alone (the runs between the bulk lane job's), then the machine's share the "
+            "stream lane used (workers and frontend); beside, the ratios to the alone runs between its own and the job's "
+            "rows/s meanwhile; [the share of the machine busy, whoever used it].",
             "",
             "| load | alone | beside bulk lane job | beside in-process job |",
             "| --- | --- | --- | --- |",
@@ -483,8 +609,8 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
                 f"[{alone.machine_busy:.2f}]"
             ]
             for condition in CONDITIONS[1:]:
-                p = result.point(load, condition)
-                ratios = f"x{p.p50_ms / alone.p50_ms:.2f} / x{p.p99_ms / alone.p99_ms:.2f}"
+                p, paired = result.point(load, condition), result.point(load, "alone", condition)
+                ratios = f"x{p.p50_ms / paired.p50_ms:.2f} / x{p.p99_ms / paired.p99_ms:.2f}"
                 cells.append(
                     f"{p.p50_ms:.2f} / {p.p99_ms:.2f}, {p.rps:,.0f}; {ratios}; job {p.job_rps:,.0f} rows/s{_errors(p)} "
                     f"[{p.machine_busy:.2f}]"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from scripts.bench.beside import CONDITIONS, QUICK, HoldResult, ModelResult, Point, loads, section, targets
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from scripts.bench.beside import CONDITIONS, QUICK, HoldResult, JobLoop, ModelResult, Point, loads, section, targets
 
 
 def run(beside_p99: float, job_beside: float) -> ModelResult:
@@ -10,8 +14,9 @@ def run(beside_p99: float, job_beside: float) -> ModelResult:
     result.baseline_rps = 1010.0
     result.jobs_checked = 2
     for load in loads(QUICK):
-        result.points.append(Point(load, "alone", 2.0, 4.0, 500.0, 0, stream_cpu_share=0.5, machine_busy=0.6))
         for condition in CONDITIONS[1:]:
+            alone = Point(load, "alone", 2.0, 4.0, 500.0, 0, stream_cpu_share=0.5, machine_busy=0.6, paired=condition)
+            result.points.append(alone)
             result.points.append(Point(load, condition, 2.1, beside_p99, 480.0, 0, job_rps=job_beside, machine_busy=1.0))
     return result
 
@@ -47,3 +52,28 @@ def test_the_section_has_a_row_per_load_every_verdict_and_the_hold_figures():
     assert "| digits job alone / the same with the mechanism off | 0.99 | ≥ 0.97 | met |" in text
     assert "| digits | 0.400 / 0.400 / 0.400 (2) | 3.000 / 3.000 / 3.000 (1) |" in text
     assert "Finished jobs checked: 2, every row exactly once." in text
+
+
+def test_a_cell_is_the_mean_of_its_runs_and_beside_is_held_to_the_alone_runs_between_its_own():
+    result = run(beside_p99=4.4, job_beside=450.0)
+    # A second round at c=1: the machine slower for both, alone and beside it.
+    result.points.append(Point("c=1", "alone", 4.0, 8.0, 300.0, 1, stream_cpu_share=0.7, paired="bulk lane job"))
+    result.points.append(Point("c=1", "bulk lane job", 4.2, 8.8, 280.0, 0, job_rps=350.0))
+    alone, beside = result.point("c=1", "alone"), result.point("c=1", "bulk lane job")
+    assert (alone.p50_ms, alone.p99_ms, alone.rps, alone.errors) == (3.0, 6.0, 400.0, 1)
+    assert round(alone.stream_cpu_share, 3) == 0.6 and (round(beside.p99_ms, 3), beside.job_rps) == (6.6, 400.0)
+    assert result.point("c=1", "alone", "in-process job").p50_ms == 2.0  # the in-process job's own alone runs
+    assert verdicts(result)["digits p99 beside a bulk lane job / alone, c=1"] == (1.1, True)
+
+
+def test_the_rows_done_stand_while_a_finished_job_has_removed_its_progress_before_the_loop_counts_it(tmp_path):
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "instance": [1, 2, 3]}), source)
+    loop = JobLoop("digits", source, tmp_path, [])  # not entered: no job runs
+    output = loop.folder / "digits-job-0.parquet"
+    progress = output.with_name(output.name + ".progress.json")
+    loop._output = output
+    progress.write_bytes(orjson.dumps({"rows_done": 2}))
+    assert loop.rows_done() == 2
+    progress.unlink()  # the job finished: its progress file goes first
+    assert loop.rows_done() == 2
