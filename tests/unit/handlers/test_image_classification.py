@@ -182,8 +182,11 @@ def test_each_bad_image_fails_alone_in_its_batch(core):
     assert [g["index"] for g in cmyk["top_k"]] == [r.index for r in top]
     assert max(abs(g["probability"] - probabilities[g["index"]]) for g in cmyk["top_k"]) <= TOLERANCE
     assert cmyk["top_k"][0]["index"] in (281, 282, 285)  # still a cat
-    # 16-bit grey is the 8-bit grey picture scaled by 257: the same pixels once read, the same answer.
-    assert sixteen == eight
+    # 16-bit grey is the 8-bit grey picture scaled by 257: the same pixels once read, the same answer (to float
+    # rounding: two rows of one batch may differ in the last bits, as a row's place in a batch changes its kernel's
+    # blocking; 3e-7 seen).
+    assert [g["index"] for g in sixteen["top_k"]] == [g["index"] for g in eight["top_k"]]
+    assert max(abs(a["probability"] - b["probability"]) for a, b in zip(sixteen["top_k"], eight["top_k"], strict=True)) <= 1e-6
 
 
 def test_each_bad_b64_instance_fails_its_own_request(core):
