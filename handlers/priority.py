@@ -34,6 +34,12 @@ AUTOGROUP_NICE = "19"
 # TorchServe worker is before any handler code runs, so it comes from the server's environment (handled there).
 OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 PASSIVE = "PASSIVE"
+# ...after a short spin: libgomp's spins before a waiting thread sleeps (PASSIVE alone: none; unset: 300,000). A
+# 2-thread minilm-bulk pass meets a barrier per op, and waking a sleeping thread at each cost its passes 11-13%
+# (86 vs 97 rows/s, processes taking turns); with 100,000 spins 94. A spinning thread is at SCHED_IDLE: the
+# stream lanes' threads preempt it as they wake.
+GOMP_SPINCOUNT = "GOMP_SPINCOUNT"
+SPIN_GRACE = "100000"
 
 PerLanePriority = str | Mapping[str, str | None] | None
 

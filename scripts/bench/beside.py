@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from handlers.decoding import Payload
 from handlers.lane_signal import LaneSignal
-from handlers.priority import OMP_WAIT_POLICY
+from handlers.priority import GOMP_SPINCOUNT, OMP_WAIT_POLICY
 from handlers.yielding import YieldingPasses
 from models.digits.samples import digit_rows
 from models.minilm.samples import varied_sentences
@@ -48,6 +48,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The targets: p99 and p50 beside a job against alone, the job's share of what the traffic left, its cost.
 P99_BOUND, P50_BOUND, LEFT_BOUND, COST_BOUND = 1.2, 1.1, 0.9, 0.97
 CONDITIONS = ("alone", "bulk lane job", "in-process job")
+LIBGOMP_DEFAULT_SPINS = "300000"  # libgomp's spins before sleeping when OMP_WAIT_POLICY is unset: the mechanism off
 
 
 @dataclass(frozen=True)
@@ -371,7 +372,7 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
     lanes = only_lanes_of(f"{model}.mar")
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(serving_in(workdir / "server", archives, lanes, own_session=False))
-        with _environment(OMP_WAIT_POLICY, ""):
+        with _environment(OMP_WAIT_POLICY, ""), _environment(GOMP_SPINCOUNT, LIBGOMP_DEFAULT_SPINS):
             off = stack.enter_context(serving_in(workdir / "off-server", {f"{model}.mar": off_archive}, lanes, own_session=False))
         endpoints = server.endpoints
         target = loadgen.Target(endpoints.prediction_url(model), body, JSON, endpoints.token("inference"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from handlers.priority import OMP_WAIT_POLICY, PASSIVE
+from handlers.priority import GOMP_SPINCOUNT, OMP_WAIT_POLICY, PASSIVE, SPIN_GRACE
 from scripts.errors import ConfigError, ServerError
 from scripts.layout import ROOT
 from scripts.server.endpoints import Endpoints
@@ -154,10 +154,13 @@ class Server:
 
 
 def worker_environment(environ: dict[str, str]) -> dict[str, str]:
-    """What the workers need in the frontend's environment (it passes its own to each): OpenMP waiting passively,
-    which libgomp reads when torch loads, before any handler code runs; a stream worker with one torch thread has no
-    OpenMP team to wait, so only the bulk lanes' threads change. A value the user set is kept."""
-    return {OMP_WAIT_POLICY: environ.get(OMP_WAIT_POLICY, PASSIVE)}
+    """What the workers need in the frontend's environment (it passes its own to each): OpenMP waiting passively after
+    a short spin, which libgomp reads when torch loads, before any handler code runs; a stream worker with one torch
+    thread has no OpenMP team to wait, so only the bulk lanes' threads change. A value the user set is kept."""
+    return {
+        OMP_WAIT_POLICY: environ.get(OMP_WAIT_POLICY, PASSIVE),
+        GOMP_SPINCOUNT: environ.get(GOMP_SPINCOUNT, SPIN_GRACE),
+    }
 
 
 def wait_until(

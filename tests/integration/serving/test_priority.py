@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from handlers.priority import OMP_WAIT_POLICY, PASSIVE, thread_policies
+from handlers.priority import GOMP_SPINCOUNT, OMP_WAIT_POLICY, PASSIVE, SPIN_GRACE, thread_policies
 from models.digits.samples import held_out
 from scripts.archive.reader import MODEL_CONFIG, MarFile
 from scripts.clients.rest import predict
@@ -48,7 +48,7 @@ def test_every_thread_of_a_bulk_worker_is_sched_idle_and_waits_passively(digits_
     names = {Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip() for tid in policies}
     assert len(policies) >= 3, names  # the main thread, the pass threads, the collector, ...
     assert set(policies.values()) == {os.SCHED_IDLE}
-    assert environment(pid)[OMP_WAIT_POLICY] == PASSIVE
+    assert (environment(pid)[OMP_WAIT_POLICY], environment(pid)[GOMP_SPINCOUNT]) == (PASSIVE, SPIN_GRACE)
 
 
 def test_the_stream_workers_and_the_frontend_stay_at_the_normal_policy(digits_server):

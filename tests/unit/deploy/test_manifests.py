@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
+from handlers.priority import PASSIVE, SPIN_GRACE
 from handlers.settings import HandlerSettings
 from models import registry
 from scripts.archive.reader import MarFile
@@ -512,7 +513,7 @@ def test_the_pod_runs_both_lanes_with_cpu_requested_not_limited_and_the_bulk_lan
     assert "cpu" in torchserve["resources"]["requests"]
     assert "cpu" not in torchserve["resources"]["limits"]  # no CFS quota throttling the stream lanes
     env = {item["name"]: item.get("value") for item in torchserve["env"]}
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert (env["OMP_WAIT_POLICY"], env["GOMP_SPINCOUNT"]) == (PASSIVE, SPIN_GRACE)  # as make serve's workers
     # SCHED_IDLE needs no capability: nothing added back, seccomp's default profile allows sched_setscheduler.
     assert "add" not in torchserve["securityContext"]["capabilities"]
     assert deployment["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
