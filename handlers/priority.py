@@ -35,9 +35,9 @@ AUTOGROUP_NICE = "19"
 OMP_WAIT_POLICY = "OMP_WAIT_POLICY"
 PASSIVE = "PASSIVE"
 # ...after a short spin: libgomp's spins before a waiting thread sleeps (PASSIVE alone: none; unset: 300,000). A
-# 2-thread minilm-bulk pass meets a barrier per op, and waking a sleeping thread at each cost its passes 11-13%
-# (86 vs 97 rows/s, processes taking turns); with 100,000 spins 94. A spinning thread is at SCHED_IDLE: the
-# stream lanes' threads preempt it as they wake.
+# 2-thread bulk pass meets a barrier per op, and waking a sleeping thread at each cost a minilm-bulk pass 11%
+# (86.3 vs 97.3 rows/s with libgomp's default, processes taking turns); with 100,000 spins 94.1. A spinning thread
+# is at SCHED_IDLE: the stream lanes' threads preempt it as they wake.
 GOMP_SPINCOUNT = "GOMP_SPINCOUNT"
 SPIN_GRACE = "100000"
 
