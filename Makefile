@@ -223,6 +223,7 @@ bench: archive
 	$(PY) -m scripts.bench.stream
 	$(PY) -m scripts.bench.front_door
 	$(PY) -m scripts.bench.batch
+	$(PY) -m scripts.bench.bulk
 	$(PY) -m scripts.bench.beside
 # bench-beside: only the section "Live traffic beside a batch job" (docs/priority.md), short runs (BESIDE_ARGS= for full).
 BESIDE_ARGS ?= --quick

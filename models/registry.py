@@ -9,7 +9,8 @@
 
 A model is a folder models/<name>/ holding:
   - model.yaml: its lanes (a stream lane named <name>, a bulk lane <name>-bulk) with TorchServe's batching and
-    workers for each, and each lane's worst measured worker peak (the pod's memory is summed from it);
+    workers for each, and each lane's worst measured worker peak (the pod's memory is summed from it); and, for
+    `make bench`, optionally the sample its stream bench sends and the candidate settings each peer runs (bench:);
   - model-config.yaml: the archive's own config (the handler's task and limits, per-lane maps keyed by lane name);
   - archive.py: `artifacts(version, build_dir, fmt, precision)`, the serving files built for the archive;
   - samples.json: sample requests with the answers they must get, and how an answer is compared
@@ -22,6 +23,7 @@ image (no tools layer) can use it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -42,6 +44,11 @@ LANE_KEYS = {"workers", "batch_size", "max_batch_delay_ms", "response_timeout_s"
 # Stream lanes also: the p99 objective of the handler's time per batch (seconds), which monitoring/alerts.yml alerts on.
 STREAM_KEYS = {"p99_objective_s"}
 MATCHERS = ("equal", "close", "cosine")
+# model.yaml's optional bench: what `make bench` runs for this model (scripts/bench/): peers, the settings each peer
+# of the field runs with ({peer key: index into its candidates}, the best of the last `make bench-sweep`; a peer
+# not named runs its first candidate); request, the index of the sample the stream bench sends as its one-row body
+# (default 0).
+BENCH_KEYS = {"peers", "request"}
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -125,6 +132,7 @@ class Model:
     name: str
     folder: Path
     lanes: tuple[Lane, ...]
+    bench: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def stream_lane(self) -> Lane:
@@ -237,9 +245,10 @@ def _model(folder: Path) -> Model:
         raise RegistryError(
             f"{folder}: a model's name is lower-case letters, digits and _ (its lanes add -bulk, its archives -<version>)"
         )
-    unknown = sorted(set(declared) - {"lanes"})
+    unknown = sorted(set(declared) - {"lanes", "bench"})
     if unknown:
-        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; a model.yaml holds lanes: only")
+        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; a model.yaml holds lanes: (and bench:)")
+    bench = _bench(declared.get("bench") or {}, where)
     lanes_declared = declared.get("lanes") or {}
     if name not in lanes_declared:
         raise RegistryError(f"{where}: no stream lane; declare lanes: {{{name}: {{...}}}} (named after the folder)")
@@ -265,7 +274,21 @@ def _model(folder: Path) -> Model:
             if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
                 raise RegistryError(f"{where}: lanes.{lane_name}.{key} must be a positive integer, got {settings[key]!r}")
         built.append(Lane(lane_name, name, role, **settings, p99_objective_s=objective))
-    return Model(name, folder, tuple(built))
+    return Model(name, folder, tuple(built), bench)
+
+
+def _bench(bench: Any, where: Path) -> dict[str, Any]:
+    if not isinstance(bench, Mapping) or set(bench) - BENCH_KEYS:
+        raise RegistryError(f"{where}: bench: takes {', '.join(sorted(BENCH_KEYS))} only, got {bench!r}")
+    peers = bench.get("peers") or {}
+    if not isinstance(peers, Mapping) or not all(
+        isinstance(index, int) and not isinstance(index, bool) and index >= 0 for index in peers.values()
+    ):
+        raise RegistryError(f"{where}: bench.peers maps a peer's key to an index into its candidates (0, 1, ...), got {peers!r}")
+    request = bench.get("request", 0)
+    if not isinstance(request, int) or isinstance(request, bool) or request < 0:
+        raise RegistryError(f"{where}: bench.request is the index of a sample in samples.json (0, 1, ...), got {request!r}")
+    return {"peers": dict(peers), "request": request}
 
 
 @functools.lru_cache(maxsize=16)
@@ -322,6 +345,11 @@ def check(found: Model) -> list[str]:
     except (RegistryError, ValueError) as error:
         problems.append(str(error))
     else:
+        if found.bench["request"] >= len(samples.instances):
+            problems.append(
+                f"{found.folder / MODEL_FILE}: bench.request is {found.bench['request']}, but {SAMPLES_FILE} holds "
+                f"{len(samples.instances)} samples (0..{len(samples.instances) - 1})"
+            )
         for position, answer in enumerate(samples.answers):
             mismatch = samples.problem(answer, answer)
             if mismatch:

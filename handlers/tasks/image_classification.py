@@ -124,7 +124,14 @@ class ImageClassification(Task):
 
     def _prepared(self, data: bytes) -> np.ndarray:
         """Image bytes -> uint8 (224, 224, 3): the shorter side resized to 256, the centre cropped (torchvision's way)."""
-        image = decode_rgb(data, self.options.max_image_pixels, self.budget)
+        return self.resized_crop(self.decoded(data))
+
+    def decoded(self, data: bytes) -> Image.Image:
+        """Image bytes -> an RGB image, within the pixel budgets (handlers/images.py)."""
+        return decode_rgb(data, self.options.max_image_pixels, self.budget)
+
+    def resized_crop(self, image: Image.Image) -> np.ndarray:
+        """RGB image -> uint8 (224, 224, 3): the shorter side resized to 256, the centre 224 x 224."""
         width, height = image.size
         short, long = min(width, height), max(width, height)
         new_long = int(RESIZE * long / short)

@@ -8,6 +8,7 @@ CPU limit (requests/s) = cores / (the no-op lane's CPU s per request + the pipel
 
 from __future__ import annotations
 
+import base64
 import resource
 import time
 from collections.abc import Callable
@@ -82,6 +83,49 @@ def pipeline(archive: Path, body: bytes, batch: int, seconds: float = 3.0, threa
             one_batch()
             calls += 1
         return PipelineResult(calls * batch, time.perf_counter() - started, batch=batch, cpu_s=_own_cpu() - cpu_before)
+    finally:
+        torch.set_num_threads(previous)
+
+
+IMAGE_STAGES = ("base64", "image decode", "resize and crop", "collate", "forward", "top 5 and JSON")
+
+
+def image_stages(archive: Path, body: bytes, seconds: float = 2.0) -> dict[str, float] | None:
+    """Where one image's milliseconds go in process, one thread, batch 1 (means over `seconds` of repeats): the
+    stages of an image task's decode apart (base64, the image's decode to RGB, the resize and crop), then collate
+    (normalisation), forward and the answer. None for a task that does not decode images."""
+    from handlers.tasks.image_classification import ImageClassification
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        core = load_core(archive)
+        if not isinstance(core.task, ImageClassification):
+            return None
+        encoded = orjson.loads(body)["instances"][0]["b64"]
+        spent = dict.fromkeys(IMAGE_STAGES, 0.0)
+        rounds, started = 0, time.perf_counter()
+        while rounds < 3 or time.perf_counter() - started < seconds:
+            task = core.task.for_request()  # a request's own pixel budget
+            clock = time.perf_counter()
+            data = base64.b64decode(encoded, validate=True)
+            marks = [clock, time.perf_counter()]
+            image = task.decoded(data)
+            marks.append(time.perf_counter())
+            row = task.resized_crop(image)
+            marks.append(time.perf_counter())
+            batch = task.collate([row], None)
+            marks.append(time.perf_counter())
+            with torch.inference_mode():
+                outputs = task.forward(core.model, batch)
+            marks.append(time.perf_counter())
+            orjson.dumps({"predictions": task.unbatch(outputs, [row])})
+            marks.append(time.perf_counter())
+            if rounds >= 2:  # the first passes warm caches and the program
+                for stage, (begin, end) in zip(IMAGE_STAGES, zip(marks, marks[1:], strict=False), strict=True):
+                    spent[stage] += end - begin
+            rounds += 1
+        return {stage: total * 1000 / (rounds - 2) for stage, total in spent.items()}
     finally:
         torch.set_num_threads(previous)
 

@@ -23,13 +23,26 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPU cores visible, {torch_version}, {device}"
 
 
-def replace_section(name: str, body: str, report: Path = REPORT) -> None:
-    """Rewrite the region between `<!-- name: begin -->` and `<!-- name: end -->` of `report` (appended at the
-    end the first time); the hand-written text around the marked regions is kept as it is."""
-    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+def replace_section(name: str, body: str, report: Path = REPORT, after: tuple[str, ...] = ()) -> None:
+    """Rewrite the region between `<!-- name: begin -->` and `<!-- name: end -->` of `report`; the hand-written text
+    around the marked regions is kept as it is. A region not there yet goes right after the last region of `after`
+    that is (in that order of preference: the last one first), else at the end."""
+    begin, end = _markers(name)
     section = f"{begin}\n{body.rstrip()}\n{end}"
     existing = report.read_text() if report.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
-    updated = pattern.sub(lambda _: section, existing) if pattern.search(existing) else existing.rstrip("\n") + "\n\n" + section
+    if pattern.search(existing):
+        updated = pattern.sub(lambda _: section, existing)
+    else:
+        anchor = next((_markers(other)[1] for other in reversed(after) if _markers(other)[1] in existing), None)
+        if anchor is None:
+            updated = existing.rstrip("\n") + "\n\n" + section
+        else:
+            cut = existing.index(anchor) + len(anchor)
+            updated = existing[:cut] + "\n\n" + section + existing[cut:]
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(updated.rstrip("\n") + "\n")
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"

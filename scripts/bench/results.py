@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from scripts.bench.pipeline import cpu_limit
 from scripts.server.config import LaneSettings
@@ -26,6 +27,8 @@ class ModelBench:
     peer_settings: dict[str, dict] = field(default_factory=dict)  # peer -> the settings it ran with
     server_cpu_ms: dict[str, float] = field(default_factory=dict)  # system -> its server's CPU per request, top load
     failed: dict[str, str] = field(default_factory=dict)  # peer -> why it has no figures (did not start, wrong answer)
+    image_stages: dict[str, float] = field(default_factory=dict)  # image tasks: ms per image by stage, in process
+    plan: Any = None  # scripts.bench.stream.Plan this model ran (its cost can lengthen the points)
 
     @property
     def ceiling(self) -> float:

@@ -1,6 +1,6 @@
 """`make bench` (stream half): each model's stream lane against what a user would pick instead, in one run.
 
-    python -m scripts.bench.stream [--quick] [--models digits minilm] [--precision bf16] [--no-report]
+    python -m scripts.bench.stream [--quick] [--models NAME ...] [--precision bf16] [--no-report]
 
 Per model, one after the other on this machine, every system serving the same archive's core with the
 same workers and torch threads, under the same load (wrk: closed loop; k6: open loop) and the same
@@ -15,7 +15,7 @@ one-row JSON body:
     request; LitServe, Ray Serve, BentoML and PyTriton (Triton) with their batching on, each with the settings
     its sweep kept (python -m scripts.bench.sweep), each checked to answer as the lane does before timing.
 Closed loop at 1, 4, 16 and 64 connections, then an open-loop sweep of offered rates (fractions of the
-lane's closed-loop rate) on the lane and batchSize 1; for digits also where a lone request's milliseconds go (scripts/bench/
+lane's closed-loop rate) on the lane and batchSize 1; also where a lone request's milliseconds go (scripts/bench/
 attribution.py) and the bytes the server's logs grow by per request, at the default log settings and with
 the access log on. Writes build/bench/stream.json, the stream section of docs/benchmarks.md and PNG plots
 in docs/bench/.
@@ -35,13 +35,13 @@ import orjson
 import requests
 import torch
 
-from models.digits.samples import digit_rows
+from models import registry
 from scripts import cli
 from scripts.archive.variant import write_variant
 from scripts.bench import attribution, loadgen, plots, rivals
 from scripts.bench.peers.noop_handler import build_noop_archive
 from scripts.bench.peers.roster import peers
-from scripts.bench.pipeline import pipeline, server_cpu
+from scripts.bench.pipeline import image_stages, pipeline, server_cpu
 from scripts.bench.report import TARGETS, machine, replace_section
 from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
@@ -49,8 +49,6 @@ from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.temporary import serving_in
 
-# A one-row request of each model, as an interactive client sends it.
-SENTENCE = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill."
 LANE, BATCH1, FLOOR, FLOOR1, FLASK = "lane", "batchSize 1", "no-op floor", "no-op batchSize 1", "Flask"
 REPORT_DIR = ROOT / "docs" / "bench"
 
@@ -70,7 +68,20 @@ class Plan:
     server_warmup: float = 3.0  # each TorchServe lane at 64 connections before any measured run
     open_systems: tuple[str, ...] = (LANE, BATCH1)
     pipeline_seconds: float = 3.0
-    access_log: bool = True  # digits: the log bytes per request with the access log on (a TorchServe of its own)
+    access_log: bool = True  # models whose goals name log bytes: the bytes per request with the access log on
+
+    def for_cost(self, cpu_ms: float, workers: int, cores: int) -> Plan:
+        """This plan for a model whose requests queue for seconds at the top load (an image classifier on a few
+        cores: there a request waits about top connections x its CPU ms / the workers, taken twice for the
+        server's own costs). Where that wait is over a quarter of a point, each point runs at least twice it after a
+        warm-up of it, at 1, 4, 16 and 64 connections of the plan's; else the plan as it is."""
+        latency = 2 * self.connections[-1] * cpu_ms / 1000 / max(1, min(workers, cores))
+        if latency <= self.seconds / 4:
+            return self
+        fewer = tuple(c for c in self.connections if c in (1, 4, 16, 64)) or self.connections
+        longer = max(self.seconds, 2 * latency)
+        return replace(self, connections=fewer, seconds=round(longer), warmup=round(max(self.warmup, latency)),
+                       open_seconds=round(max(self.open_seconds, longer)))  # fmt: skip
 
 
 QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 1.0), open_seconds=2.0,
@@ -78,22 +89,26 @@ QUICK = Plan(connections=(1, 64), seconds=2.0, warmup=1.0, rate_fractions=(0.5, 
 
 
 def request_body(model: str) -> bytes:
-    if model == "digits":
-        return orjson.dumps({"instances": [digit_rows(1).instances[0]]})
-    if model == "minilm":
-        return orjson.dumps({"instances": [SENTENCE]})
-    raise ScriptError(f"no benchmark body for model {model!r}: known digits, minilm")
+    """One row as an interactive client sends it: the sample models/<model>/model.yaml's bench.request names."""
+    try:
+        found = registry.model(model)
+    except registry.RegistryError as error:
+        raise ScriptError(f"no benchmark body for model {model!r}: {error}") from None
+    return orjson.dumps({"instances": [found.samples().instances[found.bench["request"]]]})
 
 
 def check_answer(model: str, reply: requests.Response, system: str) -> None:
-    """Every system must give the contract's answer before its speed counts."""
+    """Every system must give the body's sample answer (models/<model>/samples.json) before its speed counts."""
+    found = registry.model(model)
+    samples, index = found.samples(), found.bench["request"]
     body = reply.json() if reply.status_code == 200 else None
-    prediction = (body or {}).get("predictions", [None])[0] if isinstance(body, dict) else None
-    ok = isinstance(prediction, dict) and (
-        len(prediction.get("scores", [])) == 10 if model == "digits" else len(prediction.get("embedding", [])) == 384
-    )
-    if not ok:
-        raise ScriptError(f"{system} answered HTTP {reply.status_code} {reply.text[:200]!r}, not a {model} prediction")
+    predictions = body.get("predictions") if isinstance(body, dict) else None
+    problem = "no predictions" if not isinstance(predictions, list) or len(predictions) != 1 else None
+    problem = problem or samples.problem(predictions[0], samples.answers[index])
+    if problem:
+        raise ScriptError(
+            f"{system} answered HTTP {reply.status_code} {reply.text[:200]!r}, not the {model} sample's answer: {problem}"
+        )
 
 
 def lane_entry(mar: str, lane: LaneSettings, batch_size: int) -> dict:
@@ -143,6 +158,11 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
     print(f"{model}: in-process pipeline at batch {lane.batch_size}, one thread", flush=True)
     measured = pipeline(archive, body, lane.batch_size, plan.pipeline_seconds)
     result.pipeline_cpu_ms, result.pipeline_rps_one_thread = measured.cpu_ms_per_request, measured.requests_per_second
+    result.image_stages = image_stages(archive, body, plan.pipeline_seconds) or {}
+    given, plan = plan, plan.for_cost(measured.cpu_ms_per_request, lane.workers, result.cores)
+    result.plan = plan
+    if plan != given:
+        print(f"  {model}: {plan.seconds:g} s a point after {plan.warmup:g} s, at {plan.connections} connections", flush=True)
     targets: dict[str, loadgen.Target] = {}
     expected: dict = {}  # the lane's answer: every peer must give the same
     noop = build_noop_archive(workdir / "noop")
@@ -182,16 +202,17 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
                 answered = sum(run["requests"] for run in result.closed[system])
                 result.log_bytes["default"] = (attribution.log_bytes(server.workdir) - logs_before) / answered
                 print(f"    logs: {result.log_bytes['default']:.1f} bytes per request", flush=True)
-        if model == "digits":
+        if plan.lone_seconds:
             for system in (FLOOR, LANE):
                 result.lone[system] = attribution.lone_request(server, names[system], targets[system], plan.lone_seconds).row()
                 print(f"    lone request, {system}: {result.lone[system]}", flush=True)
-        rates = [round(fraction * result.at(LANE, plan.connections[-1])["rps"]) for fraction in plan.rate_fractions]
+        top_rate = result.at(LANE, plan.connections[-1])["rps"]  # 0 when the lane served nothing there: no open loop
+        rates = [rate for fraction in plan.rate_fractions if (rate := round(fraction * top_rate)) > 0]
         for system in (LANE, BATCH1):
             if system in plan.open_systems:
                 print(f"  {system}: open loop", flush=True)
                 result.open[system] = open_runs(targets[system], rates, plan)
-    if model == "digits" and plan.access_log:
+    if plan.access_log and "log_bytes_per_request" in TARGETS["stream"].get(model, {}):
         result.log_bytes["access log on"] = access_log_bytes(model, archive, lane, body, plan, workdir)
     for peer in peers():
         opened = (lambda target: open_runs(target, rates, plan)) if peer.name in plan.open_systems else None
@@ -269,58 +290,69 @@ def _rate_over(bench: ModelBench, other: str, connections: int, bound: float) ->
 
 
 def targets(bench: ModelBench, top: int) -> list[Target]:
+    """The stream goals scripts/bench/targets.json sets for this model (each goal a model names is checked)."""
     lane = bench.at(LANE, top)
-    goal = TARGETS["stream"][bench.model]
+    goal = TARGETS["stream"].get(bench.model, {})
     middle = [c for c in (4, 16) if c in bench.connections()]
-    if bench.model == "digits":
-        found = [
-            _p50_over(bench, FLASK, goal["p50_over_flask_ms"]),
-            _p50_over(bench, FLOOR, goal["p50_over_floor_ms"]),
-            *(_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle),
+    found = []
+    if "p50_over_flask_ms" in goal:
+        found.append(_p50_over(bench, FLASK, goal["p50_over_flask_ms"]))
+    if "p50_over_floor_ms" in goal:
+        found.append(_p50_over(bench, FLOOR, goal["p50_over_floor_ms"]))
+    if "rate_over_flask_mid" in goal:
+        found += [_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle]
+    if "share_of_cpu_limit_top" in goal:
+        found.append(
             Target(
                 f"lane / CPU limit at {top} connections",
                 lane["rps"] / bench.cpu_limit if bench.floor_cpu_ms else None,
                 goal["share_of_cpu_limit_top"],
                 detail=f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s",
-            ),
-            _rate_over(bench, FLASK, top, goal["rate_over_flask_top"]),
-            _rate_over(bench, BATCH1, top, goal["rate_over_batch1_top"]),
-            Target(f"lane p99 at {top} connections", lane["p99_ms"], goal["p99_top_ms"], higher_is_better=False, unit=" ms"),
-        ]
-        if "access log on" in bench.log_bytes:
-            found.append(
-                Target(
-                    "bytes written to logs per request, access log on",
-                    bench.log_bytes["access log on"],
-                    goal["log_bytes_per_request"],
-                    False,
-                    " B",
-                    f"{bench.log_bytes.get('default', 0):.1f} B with the default settings",
-                )  # fmt: skip
             )
-        return found
-    return [
-        _p50_over(bench, FLASK, goal["p50_over_flask_ms"]),
-        *(_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle),
-        _rate_over(bench, FLASK, top, goal["rate_over_flask_top"]),
-        Target(
-            f"lane / in-process pipeline (all cores) at {top} connections",
-            lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None,
-            goal["share_of_pipeline_top"],
-        ),
-    ]
+        )
+    if "rate_over_flask_top" in goal:
+        found.append(_rate_over(bench, FLASK, top, goal["rate_over_flask_top"]))
+    if "rate_over_batch1_top" in goal:
+        found.append(_rate_over(bench, BATCH1, top, goal["rate_over_batch1_top"]))
+    if "p99_top_ms" in goal:
+        p99 = goal["p99_top_ms"]
+        found.append(Target(f"lane p99 at {top} connections", lane["p99_ms"], p99, higher_is_better=False, unit=" ms"))
+    if "share_of_pipeline_top" in goal:
+        found.append(
+            Target(
+                f"lane / in-process pipeline (all cores) at {top} connections",
+                lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None,
+                goal["share_of_pipeline_top"],
+            )
+        )
+    if "log_bytes_per_request" in goal and "access log on" in bench.log_bytes:
+        found.append(
+            Target(
+                "bytes written to logs per request, access log on",
+                bench.log_bytes["access log on"],
+                goal["log_bytes_per_request"],
+                False,
+                " B",
+                f"{bench.log_bytes.get('default', 0):.1f} B with the default settings",
+            )  # fmt: skip
+        )
+    return found
 
 
 def model_section(bench: ModelBench, plan: Plan) -> str:
+    plan = bench.plan or plan  # the model's own, where its cost lengthened the points
     top = plan.connections[-1]
     lane = bench.lane
     lines = [
         f"### {bench.model}",
         "",
+        measured(plan),
+        "",
         f"Stream lane: {lane.workers} workers of 1 torch thread, batchSize {lane.batch_size}, "
         f"maxBatchDelay {lane.max_batch_delay} ms. "
         f"Every system serves the same archive's core, 1 torch thread per worker or replica, on the same cores; "
-        "each peer's settings are in the field section above. Body: one row as JSON instances.",
+        "each peer's settings are in the field section above. Body: one row as JSON instances, the sample "
+        f"model.yaml's bench.request names ({len(request_body(bench.model)):,} bytes).",
         "",
         "Closed loop (wrk): req/s, then p50 / p99 ms, at each number of connections.",
         "",
@@ -356,6 +388,15 @@ def model_section(bench: ModelBench, plan: Plan) -> str:
             "",
             *attribution.table(bench.lone),
         ]
+    if bench.image_stages:
+        total = sum(bench.image_stages.values())
+        lines += [
+            "",
+            "Where one image's milliseconds go in process (the body above, batch 1, one torch thread; "
+            "scripts/bench/pipeline.py `image_stages`): "
+            + ", ".join(f"{stage} {ms:.2f}" for stage, ms in bench.image_stages.items())
+            + f"; {total:.1f} ms in all, forward {bench.image_stages['forward'] / total:.0%}.",
+        ]
     if bench.log_bytes:
         sizes = ", ".join(f"{setting}: {value:.1f}" for setting, value in bench.log_bytes.items())
         lines += ["", f"Bytes written to the server's logs/ and stdout per request on the stream lane: {sizes}."]
@@ -376,24 +417,53 @@ def _open_cell(run: dict) -> str:
     return f"{run['rps']:,.0f}, {run['p50_ms']:.1f} / {run['p99_ms']:.1f}{dropped}"
 
 
-def report(benches: list[ModelBench], plan: Plan) -> str:
+STREAM_SECTION, FIELD_SECTION = "stream bench", "field targets"
+
+
+def header() -> str:
+    return "\n".join(
+        [
+            "## Stream lanes against the alternatives (`make bench`)",
+            "",
+            "One section a model (`python -m scripts.bench.stream --models NAME` rewrites only its own), each with the "
+            "run it comes from. Every system of a section ran in that one invocation, one at a time, the load generator "
+            "on the same cores.",
+        ]
+    )
+
+
+def measured(plan: Plan) -> str:
     tools = f"{loadgen.wrk_version()} (closed loop, 1 thread), {loadgen.k6_version()} (open loop)"
-    lines = [
-        "## Stream lanes against the alternatives (`make bench`)",
-        "",
+    return (
         f"Measured {date.today().isoformat()} on {machine()}; Python {platform.python_version()}, torch {torch.__version__}, "
-        f"TorchServe 0.12.0. Load: {tools}, {plan.seconds:g} s per point after a {plan.warmup:g} s warm-up, "
-        "the generator on the same 2 cores. All systems ran in this one invocation, one at a time.",
-        "",
-        *(model_section(bench, plan) + "\n" for bench in benches),
-    ]
-    return "\n".join(lines)
+        f"TorchServe 0.12.0. Load: {tools}, {plan.seconds:g} s per point after a {plan.warmup:g} s warm-up."
+    )
+
+
+def report(benches: list[ModelBench], plan: Plan) -> str:
+    return "\n\n".join([header(), *(model_section(bench, plan) for bench in benches)])
+
+
+def write_report(benches: list[ModelBench], plan: Plan) -> None:
+    """The stream and field regions of docs/benchmarks.md: the shared heads, then one region per model run, each
+    placed after the regions of the models before it (models/ order); the other models' regions stay as they are."""
+    order = list(registry.models())
+    when = date.today().isoformat()
+    replace_section(STREAM_SECTION, header())
+    replace_section(FIELD_SECTION, rivals.field_header(peers(), plan.connections[-1]))
+    for bench in benches:
+        before = order[: order.index(bench.model)] if bench.model in order else order
+        for section, body in (
+            (STREAM_SECTION, model_section(bench, plan)),
+            (FIELD_SECTION, rivals.field_model_section(bench, peers(), plan.connections[-1], when)),
+        ):
+            replace_section(f"{section}: {bench.model}", body, after=(section, *(f"{section}: {m}" for m in before)))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer points (make bench-quick)")
-    parser.add_argument("--models", nargs="+", default=["digits", "minilm"])
+    parser.add_argument("--models", nargs="+", default=list(registry.models()), help="default: every model of models/")
     parser.add_argument("--precision", help="serve the archives with this handler.precision (bf16, fp16: autocast)")
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = parser.parse_args(argv)
@@ -402,12 +472,10 @@ def main(argv: list[str] | None = None) -> int:
         benches = [bench_model(model, plan, Path(folder), args.precision) for model in args.models]
     (BUILD / "bench").mkdir(parents=True, exist_ok=True)
     (BUILD / "bench" / "stream.json").write_text(json.dumps([asdict(b) for b in benches], indent=1))
-    text = report(benches, plan)
-    field = rivals.field_section(benches, peers(), plan.connections[-1], date.today().isoformat())
-    print(text, field, sep="\n\n")
+    field = [rivals.field_model_section(bench, peers(), plan.connections[-1], date.today().isoformat()) for bench in benches]
+    print(report(benches, plan), *field, sep="\n\n")
     if not args.no_report:
-        replace_section("stream bench", text)
-        replace_section("field targets", field)
+        write_report(benches, plan)
     return 0
 
 

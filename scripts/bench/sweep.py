@@ -1,19 +1,21 @@
-"""Each peer's small sweep: every candidate setting of its file (CANDIDATES) briefly at a few loads, the best kept.
+"""Each peer's small sweep: every candidate setting of its file briefly at a few loads, the best kept.
 
-    python -m scripts.bench.sweep [--peer flask litserve ray bentoml pytriton] [--models digits minilm]
+    python -m scripts.bench.sweep [--peer flask litserve ray bentoml pytriton] [--models NAME ...]
                                   [--connections 1 64] [--seconds 2] [--no-report]
 
 Per peer and model, one candidate after the other: start the peer with it, check its answer against the core's
 (the lane's answer, computed here in process), run wrk at each number of connections, stop it. The best is the
 candidate with the most req/s at the highest load (the lower p99 on a tie within 3%); `make bench` runs each
-peer with its file's SETTINGS, which a person sets to the best after a sweep (the table says whether they
-match; `--report-only` writes the table again from the files, e.g. after SETTINGS changed). Writes
+peer with the candidate the model's folder keeps (models/<name>/model.yaml, bench.peers: an index), which a person
+sets to the best after a sweep (the table says whether they match; `--report-only` writes the table again from the
+files, e.g. after bench.peers changed). --models: every model of models/ unless named. Writes
 build/bench/sweep-<peer>.json and, from every such file present, the "peer sweeps" section of docs/benchmarks.md.
 A candidate that fails is a row with its error.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from datetime import date
 
 import orjson
 
+from models import registry
 from scripts import cli
 from scripts.bench import rivals
 from scripts.bench.peers.field import Peer, describe
@@ -70,10 +73,8 @@ def sweep_peer(subject: Peer, model: str, connections: tuple[int, ...], seconds:
     body, archive = request_body(model), MODEL_STORE / f"{model}.mar"
     expected = lane_answer(model, body)
     trials = []
-    for settings in subject.candidates[model]:
-        one = Peer(
-            subject.name, subject.key, subject.batching, subject.start, {model: settings}, {}, subject.wrap, subject.unwrap
-        )
+    for settings in subject.candidates_for(model):
+        one = dataclasses.replace(subject, pinned=settings)
         bench = ModelBench(model, ServerConfig.read().lane_settings(model)[model], 0)
         rivals.run_peer(one, model, archive, body, expected, bench, connections, seconds, warmup)
         trial = Trial(settings, {run["connections"]: run for run in bench.closed.get(subject.name, [])})
@@ -83,8 +84,8 @@ def sweep_peer(subject: Peer, model: str, connections: tuple[int, ...], seconds:
 
 
 def kept_now(key: str, model: str, settings: dict) -> bool:
-    """Whether `settings` are what `make bench` runs now for this peer and model (its file's SETTINGS)."""
-    return peer(key).settings.get(model) == settings
+    """Whether `settings` are what `make bench` runs now for this peer and model (its model.yaml's bench.peers)."""
+    return peer(key).settings_for(model) == settings
 
 
 def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = kept_now) -> str:
@@ -92,11 +93,12 @@ def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = k
     lines = [
         "## Peers' sweeps: the best setting of each peer, and the one kept",
         "",
-        "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (CANDIDATES in its file under "
+        "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (its _candidates or CANDIDATES under "
         "scripts/bench/peers/) started one after the other, checked to answer as the lane does, then wrk "
         "at each load; the best is the most req/s at the highest load (the lower p99 within 3%). `make bench` runs "
-        'each peer with its file\'s SETTINGS; "kept" marks them (they should be the best). Shown: the best, the kept '
-        "and the failed candidates; every candidate's figures are in build/bench/sweep-<peer>.json.",
+        'each peer with the candidate models/<name>/model.yaml keeps (bench.peers); "kept" marks them (they should be '
+        "the best). Shown: the best, the kept and the failed candidates; every candidate's figures are in "
+        "build/bench/sweep-<peer>.json.",
         "",
         *(
             f"{data['peer']}: run {data['date']}, {data['seconds']:g} s per point after a {data['warmup']:g} s warm-up."
@@ -134,7 +136,7 @@ def _connections(results: dict[str, dict]) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--peer", nargs="+", default=[p.key for p in peers()])
-    parser.add_argument("--models", nargs="+", default=["digits", "minilm"])
+    parser.add_argument("--models", nargs="+", default=list(registry.models()))
     parser.add_argument("--connections", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--warmup", type=float, default=1.0)

@@ -90,6 +90,8 @@ class JobConfig:
             raise JobError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.resume and self.overwrite:
             raise JobError("--resume and --overwrite contradict each other: pick one")
+        if self.output.resolve() == self.input.resolve():
+            raise JobError(f"--output {self.output} is the input itself: writing it would destroy the rows; pick another file")
         if self.prefetch < 0:
             raise JobError(f"--prefetch must be at least 0, got {self.prefetch}")
         if self.actors is not None and self.actors < 1:

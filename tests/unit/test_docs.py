@@ -162,10 +162,13 @@ def lane_comments() -> dict[str, str]:
     comments = {}
     for found in registry.models().values():
         above: list[str] = []
+        section = ""
         for line in (found.folder / registry.MODEL_FILE).read_text().splitlines():
+            if line and not line.startswith((" ", "#")):
+                section = line.partition(":")[0]  # a top-level key: lanes, bench
             if line.startswith("  #"):
                 above.append(line.strip().lstrip("# ").strip())
-            elif line.startswith("  ") and ":" in line:
+            elif line.startswith("  ") and ":" in line and section == "lanes":
                 comments[line.strip().partition(":")[0]] = " ".join(above)
                 above = []
             else:

@@ -115,6 +115,35 @@ def test_a_model_yaml_that_contradicts_the_layout_is_refused_naming_the_key(tmp_
         registry.discover(tmp_path)
 
 
+LANE = (
+    "  digits: {workers: 1, batch_size: 1, max_batch_delay_ms: 1, response_timeout_s: 1, worker_peak_mib: 9, p99_objective_s: 1}"
+)
+
+
+@pytest.mark.parametrize(
+    ("bench", "message"),
+    [
+        ("bench:\n  peer: {flask: 1}", "bench: takes peers, request only"),
+        ("bench:\n  peers: {flask: -1}", "bench.peers maps a peer's key to an index into its candidates"),
+        ("bench:\n  request: first", "bench.request is the index of a sample in samples.json"),
+    ],
+)
+def test_a_bench_key_that_cannot_be_read_is_refused_naming_it(tmp_path, bench, message):
+    folder = copy_of("digits", tmp_path)
+    (folder / registry.MODEL_FILE).write_text(f"lanes:\n{LANE}\n{bench}\n")
+    with pytest.raises(registry.RegistryError, match=message):
+        registry.discover(tmp_path)
+
+
+def test_a_bench_request_past_the_samples_is_a_problem_with_their_count(tmp_path):
+    folder = copy_of("minilm", tmp_path)
+    text = (folder / registry.MODEL_FILE).read_text().replace("request: 9", "request: 16")
+    (folder / registry.MODEL_FILE).write_text(text)
+    (found,) = registry.discover(tmp_path).values()
+    assert found.bench == {"peers": {"flask": 1, "litserve": 4, "ray": 1, "bentoml": 3, "pytriton": 0}, "request": 16}
+    assert any("bench.request is 16, but samples.json holds 16 samples (0..15)" in p for p in registry.check(found))
+
+
 def test_unknown_models_and_lanes_are_named_with_the_known_ones():
     names, lanes = ", ".join(registry.models()), ", ".join(lane.name for lane in registry.lanes())
     with pytest.raises(registry.RegistryError) as unknown:

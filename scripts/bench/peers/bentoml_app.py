@@ -38,22 +38,14 @@ def unwrap(answer):
     return {"predictions": answer} if isinstance(answer, list) else answer
 
 
-def _candidates(batch: int, latencies: tuple[int, ...]) -> list[Settings]:
+LATENCIES_MS = (10, 100, 1000, 5000)
+
+
+def _candidates(batch: int) -> list[Settings]:
     """BentoML's adaptive batching knobs (max_batch_size, max_latency_ms) and its service workers."""
-    found = [{"max_batch_size": batch, "max_latency_ms": ms, "workers": 2} for ms in latencies]
-    return found + [{"max_batch_size": batch, "max_latency_ms": latencies[-1], "workers": 1}]
+    found = [{"max_batch_size": batch, "max_latency_ms": ms, "workers": 2} for ms in LATENCIES_MS]
+    return found + [{"max_batch_size": batch, "max_latency_ms": LATENCIES_MS[-1], "workers": 1}]
 
 
-PEER = Peer(
-    name="BentoML",
-    key="bentoml",
-    batching=True,
-    start=start,
-    # The best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
-    settings={
-        "digits": {"max_batch_size": 32, "max_latency_ms": 100, "workers": 2},
-        "minilm": {"max_batch_size": 16, "max_latency_ms": 5000, "workers": 2},
-    },
-    candidates={"digits": _candidates(32, (10, 100, 1000)), "minilm": _candidates(16, (100, 1000, 5000))},
-    unwrap=unwrap,
-)
+# The candidate each model runs: its model.yaml's bench.peers.
+PEER = Peer(name="BentoML", key="bentoml", batching=True, start=start, candidates=_candidates, unwrap=unwrap)

@@ -13,7 +13,7 @@ from typing import Any
 
 import bentoml
 
-SPEC = json.loads(os.environ.get("BENTOML_PEER_SETTINGS", '{"lane": "digits", "archive": "", "workers": 1}'))
+SPEC = json.loads(os.environ.get("BENTOML_PEER_SETTINGS", '{"lane": "unset", "archive": "", "workers": 1}'))
 
 
 @bentoml.service(workers=SPEC["workers"], traffic={"timeout": 60})

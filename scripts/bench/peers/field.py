@@ -1,8 +1,9 @@
 """The field: every serving system the stream lane is compared with, one file each, on the same terms.
 
 Each peer module (flask_app, litserve_app, ray_serve_app, bentoml_app, pytriton_app) holds its own settings:
-SETTINGS (per model, what `make bench` runs: the best of the last sweep, docs/benchmarks.md "Peers' sweeps")
-and CANDIDATES (per model, what `python -m scripts.bench.sweep` tries), and a `start(archive, port, model,
+its candidates (at a model's stream lane batchSize: what `python -m scripts.bench.sweep` tries; each model's folder
+keeps the index of the one `make bench` runs, model.yaml's bench.peers, the best of the last sweep, docs/benchmarks.md
+"Peers' sweeps"), and a `start(archive, port, model,
 settings)` context manager that serves the archive's core (scripts.archive.core.load_core: the same decode,
 forward and encode as the lane) on 127.0.0.1:port and yields the URL to POST a request to once it answers.
 `wrap` makes the wire body from the lane's body and `unwrap` turns the reply's JSON back into the lane's
@@ -14,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from models import registry
+from scripts.errors import ScriptError
 
 Settings = dict[str, Any]
 Starter = Callable[[Path, int, str, Settings], AbstractContextManager[str]]
@@ -29,30 +33,36 @@ def _same(value):
 @dataclass(frozen=True)
 class Peer:
     name: str  # as the report names it
-    key: str  # the sweep's --peer
+    key: str  # the sweep's --peer, and the key of models/<name>/model.yaml's bench.peers
     batching: bool  # dynamic batching on (the targets compare the lane with the best batching peer)
     start: Starter
-    settings: dict[str, Settings]  # model -> the settings `make bench` runs
-    candidates: dict[str, list[Settings]] = field(default_factory=dict)  # model -> the settings the sweep tries
+    candidates: Callable[[int], list[Settings]]  # the stream lane's batchSize -> the settings the sweep tries
     wrap: Callable[[bytes], bytes] = _same
     unwrap: Callable[[Any], Any] = _same
+    pinned: Settings | None = None  # one candidate the sweep runs, whatever the model folder keeps
+
+    def candidates_for(self, model: str) -> list[Settings]:
+        """What the sweep tries for `model`: the candidates at its stream lane's batchSize (its model.yaml)."""
+        return self.candidates(registry.model(model).stream_lane.batch_size)
 
     def settings_for(self, model: str) -> Settings:
-        return self.settings[model]
+        """What `make bench` runs for `model`: the candidate its model.yaml's bench.peers keeps for this peer (the
+        best of the last sweep), the first where it names none."""
+        if self.pinned is not None:
+            return self.pinned
+        options = self.candidates_for(model)
+        index = registry.model(model).bench["peers"].get(self.key, 0)
+        if index >= len(options):
+            raise ScriptError(
+                f"models/{model}/model.yaml: bench.peers.{self.key} is {index}, but {self.name} has {len(options)} "
+                f"candidates (0..{len(options) - 1}; python -m scripts.bench.sweep --peer {self.key} lists them)"
+            )
+        return options[index]
 
 
-# Each lane's batchSize (config.properties): the batch size a batching peer's candidates start from.
-LANE_BATCH = {"digits": 32, "minilm": 16}
-
-
-def batching_peer(
-    name: str, key: str, start: Starter, candidates: Callable[[int], list[Settings]], kept: dict[str, int], **protocol
-) -> Peer:
-    """A batching peer whose sweep tries `candidates(batch)` at each lane's batchSize and whose `make bench`
-    settings are the candidates at `kept` (model -> index in them: the best of the last sweep)."""
-    options = {model: candidates(batch) for model, batch in LANE_BATCH.items()}
-    settings = {model: options[model][index] for model, index in kept.items()}
-    return Peer(name=name, key=key, batching=True, start=start, settings=settings, candidates=options, **protocol)
+def batching_peer(name: str, key: str, start: Starter, candidates: Callable[[int], list[Settings]], **protocol) -> Peer:
+    """A batching peer whose sweep tries `candidates(batch)` at each model's stream lane batchSize."""
+    return Peer(name=name, key=key, batching=True, start=start, candidates=candidates, **protocol)
 
 
 def describe(settings: Settings) -> str:

@@ -72,14 +72,7 @@ def start(archive: Path, port: int, model: str, settings: Settings) -> Iterator[
         yield f"{url}/predictions/{model}"
 
 
-# Workers x request threads per worker (gthread), each worker with one torch thread; the kept ones are the best of the
-# `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
+# Workers x request threads per worker (gthread), each worker with one torch thread; the one each model runs is its
+# model.yaml's bench.peers (the best of the last `make bench-sweep`, docs/benchmarks.md "Peers' sweeps").
 CANDIDATES = [{"workers": w, "threads": t} for w, t in ((2, 1), (2, 4), (4, 1), (4, 4))]
-PEER = Peer(
-    name="Flask",
-    key="flask",
-    batching=False,
-    start=start,
-    settings={"digits": {"workers": 2, "threads": 4}, "minilm": {"workers": 2, "threads": 4}},
-    candidates={"digits": CANDIDATES, "minilm": CANDIDATES},
-)
+PEER = Peer(name="Flask", key="flask", batching=False, start=start, candidates=lambda batch: list(CANDIDATES))

@@ -102,8 +102,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-# kept: the best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
-PEER = batching_peer("LitServe", "litserve", start, _candidates, kept={"digits": 3, "minilm": 4})
+# The candidate each model runs: its model.yaml's bench.peers.
+PEER = batching_peer("LitServe", "litserve", start, _candidates)
 
 
 if __name__ == "__main__":

@@ -136,8 +136,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-# kept: the best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
-PEER = batching_peer("PyTriton", "pytriton", start, _candidates, kept={"digits": 2, "minilm": 0}, wrap=wrap, unwrap=unwrap)
+# The candidate each model runs: its model.yaml's bench.peers.
+PEER = batching_peer("PyTriton", "pytriton", start, _candidates, wrap=wrap, unwrap=unwrap)
 
 
 if __name__ == "__main__":

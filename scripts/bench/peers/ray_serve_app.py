@@ -105,8 +105,8 @@ def _candidates(batch: int) -> list[Settings]:
     ]
 
 
-# kept: the best of `make bench-sweep` (docs/benchmarks.md, "Peers' sweeps").
-PEER = batching_peer("Ray Serve", "ray", start, _candidates, kept={"digits": 2, "minilm": 1})
+# The candidate each model runs: its model.yaml's bench.peers.
+PEER = batching_peer("Ray Serve", "ray", start, _candidates)
 
 
 if __name__ == "__main__":

@@ -100,6 +100,9 @@ def stats_lines(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
+# The consumer's restarts take a minute and a half of make test: they run in `make test-slow` (.ci/run), beside the
+# 100k-record runs; the records through both runners, above, stay in make test.
+@pytest.mark.slow
 def test_consumer_sigkilled_mid_stream_and_restarted(digits_server, topics, tmp_path):
     labels = put_digits(topics, 10_000)
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
@@ -134,6 +137,7 @@ def restartable_server(tmp_path_factory):
     yield from start_server(tmp_path_factory.mktemp("torchserve-streams"), ["digits.mar"], overrides)
 
 
+@pytest.mark.slow
 def test_queue_full_slows_the_consumer(restartable_server, topics, capsys):
     labels = put_digits(topics, 2_000, poison=False)
     stats = consume(config(topics, restartable_server, batch_records=4, concurrency=16), threading.Event())
@@ -143,6 +147,7 @@ def test_queue_full_slows_the_consumer(restartable_server, topics, capsys):
     report("queue full", stats, **figures)
 
 
+@pytest.mark.slow
 def test_torchserve_restarted_under_the_consumer(restartable_server, topics, capsys):
     """TorchServe stops while the consumer runs, and records arrive while it is down: they wait (retried, never
     dead-lettered) until it is back. The rest of the records are produced only once the server has stopped, so the

@@ -8,6 +8,7 @@ import json
 import orjson
 import pytest
 
+from models import registry
 from scripts.bench import rivals, sweep
 from scripts.bench.loadgen import LoadResult
 from scripts.bench.peers import bentoml_app, pytriton_app
@@ -28,15 +29,21 @@ def run(connections: int, rps: float, p50: float = 1.0, p99: float = 2.0, reques
     return result.__dict__ | {"extra": dict(result.extra)}
 
 
-def test_every_peer_has_settings_for_both_models_and_a_sweep_that_tries_the_same_knobs():
+def test_every_peer_has_settings_for_every_model_and_a_sweep_that_tries_the_same_knobs():
     found = peers()
     assert [p.name for p in found] == ["Flask", "LitServe", "Ray Serve", "BentoML", "PyTriton"]
     assert {p.name for p in found if p.batching} == BATCHING
-    for subject in found:
-        for model in ("digits", "minilm"):
-            kept, tried = subject.settings_for(model), subject.candidates[model]
+    keys = {p.key for p in found}
+    for name, model in registry.models().items():
+        assert set(model.bench["peers"]) <= keys, f"models/{name}/model.yaml names a peer that does not exist"
+        for subject in found:
+            kept, tried = subject.settings_for(name), subject.candidates_for(name)
             assert len(tried) >= 3, subject.name
-            assert all(set(candidate) == set(kept) for candidate in tried), subject.name
+            assert kept in tried and all(set(candidate) == set(kept) for candidate in tried), subject.name
+            if subject.batching:  # the candidates start from the model's own stream lane batchSize
+                assert tried[0]["max_batch_size"] == model.stream_lane.batch_size, (subject.name, name)
+    # the folder's index picks the candidate (the sweep's best for digits: LitServe's 4th, batch 32)
+    assert peer("litserve").settings_for("digits") == peer("litserve").candidates(32)[3]
     assert peer("ray").name == "Ray Serve"
     with pytest.raises(KeyError, match="no peer 'triton'"):
         peer("triton")
@@ -101,9 +108,10 @@ def test_issue_21_targets_compare_with_the_best_batching_peer_that_served():
     assert rows[1][0] == "digits lane p99 at 64 connections vs Ray Serve's" and rows[1][3] == "met"
     assert rows[2] == ("digits lane p50 minus the best batching peer's (Ray Serve) at 1 connection", "-1.00 ms (1.00 vs 2.00 ms)",
                        "<= +1.5 ms", "met")  # fmt: skip
-    section = rivals.field_section([bench], peers(), 64, "2026-11-30")
-    assert "| digits | PyTriton | " in section and "did not run" in section
-    assert "- digits, PyTriton: `ServerError: pytriton_app exited with 1 before answering`" in section
+    section = rivals.field_model_section(bench, peers(), 64, "2026-11-30")
+    assert section.startswith("### digits (`make bench` of 2026-11-30)")
+    assert "| PyTriton | " in section and "did not run" in section
+    assert "- PyTriton: `ServerError: pytriton_app exited with 1 before answering`" in section
     assert "no requests completed" in section  # LitServe's row at 64 connections
 
 

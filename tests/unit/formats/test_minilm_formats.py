@@ -86,6 +86,7 @@ def test_int8_retrieves_the_same_paraphrases_as_fp32(int8_core):
     assert int8_hits >= fp32_hits - 0.05
 
 
+@pytest.mark.slow  # quantizing the ONNX file takes 25 s of make test; the other int8 tests are slow too
 def test_int8_is_a_precision_value():
     core = format_minilm_core(minilm_file("onnx", "int8"), precision="int8")
     assert minilm_embeddings(core, ["a sentence"]).shape == (1, 384)

@@ -91,3 +91,28 @@ def test_without_glibc_nothing_is_changed():
     memory = HostMemory(None)
     memory.settle()
     assert memory.after_batch() is False
+
+
+def test_a_working_set_that_every_batch_needs_again_is_kept_not_trimmed_and_faulted_in_each_time():
+    """A batch that grows the worker by more than its slack, again and again (an image's activations): only the
+    first is trimmed; the next ones reuse the heap (no page faults), and a batch far larger than those is trimmed."""
+    fresh("""
+import resource
+memory = HostMemory.for_this_process()
+memory.settle()
+tops = []  # each batch's last block stays in use, so the heap's top never shrinks on its own
+
+def batch(mib):
+    blocks = [bytearray(MMAP_THRESHOLD // 8) for _ in range(mib * 2)]  # heap blocks, written
+    tops.append(blocks[-1])
+    del blocks
+    return memory.after_batch()
+
+assert batch(24) is True  # the first: more than the slack over the resting size
+assert batch(24) is False  # faults in again what the trim gave back, once
+start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+assert [batch(24) for _ in range(9)] == [False] * 9
+# 24 MiB a batch is 6,144 pages: the batches after reuse them (each adds only its 128-page top block)
+assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start < 2500
+assert batch(96) is True  # far past what the batches before it needed
+""")

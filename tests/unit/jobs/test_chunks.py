@@ -202,3 +202,15 @@ def test_numbers_are_sent_in_the_narrowest_type_that_holds_them_exactly(values, 
     narrow = narrowest(array)
     assert narrow.dtype == dtype
     np.testing.assert_array_equal(narrow.astype(array.dtype), array)
+
+
+def test_a_job_whose_output_is_its_input_is_refused_before_it_truncates_the_rows(tmp_path):
+    from scripts.jobs.batch_job import JobConfig
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"instance": [1]}\n')
+    same = JobConfig(model="digits", input=rows, output=tmp_path / "." / "rows.jsonl", overwrite=True)
+    with pytest.raises(JobError, match="is the input itself"):
+        same.check()
+    assert rows.read_text() == '{"instance": [1]}\n'
+    JobConfig(model="digits", input=rows, output=tmp_path / "out.jsonl").check()  # another file is fine
