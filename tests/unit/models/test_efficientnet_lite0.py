@@ -74,7 +74,8 @@ def test_the_network_has_lite0_s_4_7_million_weights_loaded_strictly():
     assert sum(p.numel() for p in model.parameters()) == 4_652_008
 
 
-@pytest.mark.parametrize("fmt", ["export", "onnx", "torchscript"])
+# The onnx file's export takes 22 s of make test: `make test-slow` (run by .ci/run) checks it.
+@pytest.mark.parametrize("fmt", ["export", pytest.param("onnx", marks=pytest.mark.slow), "torchscript"])
 def test_each_serving_file_matches_the_eager_reference_at_every_batch_size(photographs, fmt):
     batch, reference = photographs
     model_file = archive.artifacts("1.0", BUILD, fmt)[0]
