@@ -47,8 +47,16 @@ MATCHERS = ("equal", "close", "cosine")
 # model.yaml's optional bench: what `make bench` runs for this model (scripts/bench/): peers, the settings each peer
 # of the field runs with ({peer key: index into its candidates}, the best of the last `make bench-sweep`; a peer
 # not named runs its first candidate); request, the index of the sample the stream bench sends as its one-row body
-# (default 0).
-BENCH_KEYS = {"peers", "request"}
+# (default 0); stream_goals and field_goals, the targets its figures are checked against (ratios lane / other in one
+# run, ms and B upper bounds; a goal not named is not checked for this model).
+BENCH_KEYS = {"peers", "request", "stream_goals", "field_goals"}
+GOALS = {
+    "stream_goals": {
+        "p50_over_flask_ms", "p50_over_floor_ms", "rate_over_flask_mid", "share_of_cpu_limit_top", "rate_over_flask_top",
+        "rate_over_batch1_top", "p99_top_ms", "share_of_pipeline_top", "log_bytes_per_request",
+    },
+    "field_goals": {"rate_over_best_peer_top", "p99_over_best_peer_top", "p50_over_best_peer_ms"},
+}  # fmt: skip
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -288,7 +296,17 @@ def _bench(bench: Any, where: Path) -> dict[str, Any]:
     request = bench.get("request", 0)
     if not isinstance(request, int) or isinstance(request, bool) or request < 0:
         raise RegistryError(f"{where}: bench.request is the index of a sample in samples.json (0, 1, ...), got {request!r}")
-    return {"peers": dict(peers), "request": request}
+    goals = {}
+    for key, known in GOALS.items():
+        declared = bench.get(key) or {}
+        unknown = sorted(set(declared) - known) if isinstance(declared, Mapping) else [repr(declared)]
+        if unknown or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in declared.values()):
+            raise RegistryError(
+                f"{where}: bench.{key} maps goals to numbers; unknown or not a number: {', '.join(unknown) or declared}; "
+                f"the goals are {', '.join(sorted(known))}"
+            )
+        goals[key] = dict(declared)
+    return {"peers": dict(peers), "request": request, **goals}
 
 
 @functools.lru_cache(maxsize=16)

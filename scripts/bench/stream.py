@@ -42,7 +42,7 @@ from scripts.bench import attribution, loadgen, plots, rivals
 from scripts.bench.peers.noop_handler import build_noop_archive
 from scripts.bench.peers.roster import peers
 from scripts.bench.pipeline import image_stages, pipeline, server_cpu
-from scripts.bench.report import TARGETS, machine, replace_section
+from scripts.bench.report import machine, replace_section
 from scripts.bench.results import ModelBench
 from scripts.errors import ScriptError
 from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
@@ -212,7 +212,7 @@ def bench_model(model: str, plan: Plan, workdir: Path, precision: str | None = N
             if system in plan.open_systems:
                 print(f"  {system}: open loop", flush=True)
                 result.open[system] = open_runs(targets[system], rates, plan)
-    if plan.access_log and "log_bytes_per_request" in TARGETS["stream"].get(model, {}):
+    if plan.access_log and "log_bytes_per_request" in registry.model(model).bench["stream_goals"]:
         result.log_bytes["access log on"] = access_log_bytes(model, archive, lane, body, plan, workdir)
     for peer in peers():
         opened = (lambda target: open_runs(target, rates, plan)) if peer.name in plan.open_systems else None
@@ -241,7 +241,7 @@ def access_log_bytes(model: str, archive: Path, lane: LaneSettings, body: bytes,
 
 @dataclass(frozen=True)
 class Target:
-    """One goal of scripts/bench/targets.json, stated as a ratio or a difference measured in this run."""
+    """One goal of a model's bench.stream_goals, stated as a ratio or a difference measured in this run."""
 
     name: str
     value: float | None  # None: not measured (a side completed no request)
@@ -290,9 +290,9 @@ def _rate_over(bench: ModelBench, other: str, connections: int, bound: float) ->
 
 
 def targets(bench: ModelBench, top: int) -> list[Target]:
-    """The stream goals scripts/bench/targets.json sets for this model (each goal a model names is checked)."""
+    """The stream goals the model's folder sets (model.yaml's bench.stream_goals; each goal it names is checked)."""
     lane = bench.at(LANE, top)
-    goal = TARGETS["stream"].get(bench.model, {})
+    goal = registry.model(bench.model).bench["stream_goals"]
     middle = [c for c in (4, 16) if c in bench.connections()]
     found = []
     if "p50_over_flask_ms" in goal:
@@ -302,14 +302,9 @@ def targets(bench: ModelBench, top: int) -> list[Target]:
     if "rate_over_flask_mid" in goal:
         found += [_rate_over(bench, FLASK, c, goal["rate_over_flask_mid"]) for c in middle]
     if "share_of_cpu_limit_top" in goal:
-        found.append(
-            Target(
-                f"lane / CPU limit at {top} connections",
-                lane["rps"] / bench.cpu_limit if bench.floor_cpu_ms else None,
-                goal["share_of_cpu_limit_top"],
-                detail=f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s",
-            )
-        )
+        share = lane["rps"] / bench.cpu_limit if bench.floor_cpu_ms else None
+        detail = f"{lane['rps']:,.0f} of {bench.cpu_limit:,.0f} req/s"
+        found.append(Target(f"lane / CPU limit at {top} connections", share, goal["share_of_cpu_limit_top"], detail=detail))
     if "rate_over_flask_top" in goal:
         found.append(_rate_over(bench, FLASK, top, goal["rate_over_flask_top"]))
     if "rate_over_batch1_top" in goal:
@@ -318,13 +313,8 @@ def targets(bench: ModelBench, top: int) -> list[Target]:
         p99 = goal["p99_top_ms"]
         found.append(Target(f"lane p99 at {top} connections", lane["p99_ms"], p99, higher_is_better=False, unit=" ms"))
     if "share_of_pipeline_top" in goal:
-        found.append(
-            Target(
-                f"lane / in-process pipeline (all cores) at {top} connections",
-                lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None,
-                goal["share_of_pipeline_top"],
-            )
-        )
+        share = lane["rps"] / bench.ceiling if bench.pipeline_cpu_ms else None
+        found.append(Target(f"lane / in-process pipeline (all cores) at {top} connections", share, goal["share_of_pipeline_top"]))
     if "log_bytes_per_request" in goal and "access log on" in bench.log_bytes:
         found.append(
             Target(

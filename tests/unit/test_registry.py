@@ -123,7 +123,8 @@ LANE = (
 @pytest.mark.parametrize(
     ("bench", "message"),
     [
-        ("bench:\n  peer: {flask: 1}", "bench: takes peers, request only"),
+        ("bench:\n  peer: {flask: 1}", "bench: takes field_goals, peers, request, stream_goals only"),
+        ("bench:\n  stream_goals: {p99_top: 40}", "bench.stream_goals maps goals to numbers; unknown or not a number: p99_top"),
         ("bench:\n  peers: {flask: -1}", "bench.peers maps a peer's key to an index into its candidates"),
         ("bench:\n  request: first", "bench.request is the index of a sample in samples.json"),
     ],
@@ -140,7 +141,8 @@ def test_a_bench_request_past_the_samples_is_a_problem_with_their_count(tmp_path
     text = (folder / registry.MODEL_FILE).read_text().replace("request: 9", "request: 16")
     (folder / registry.MODEL_FILE).write_text(text)
     (found,) = registry.discover(tmp_path).values()
-    assert found.bench == {"peers": {"flask": 1, "litserve": 4, "ray": 1, "bentoml": 3, "pytriton": 0}, "request": 16}
+    assert found.bench["peers"] == {"flask": 1, "litserve": 4, "ray": 1, "bentoml": 3, "pytriton": 0}
+    assert found.bench["request"] == 16
     assert any("bench.request is 16, but samples.json holds 16 samples (0..15)" in p for p in registry.check(found))
 
 
