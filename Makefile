@@ -26,14 +26,16 @@ GRPC_STUBS := $(addprefix scripts/clients/grpc_stubs/,inference_pb2.py inference
 
 # Variables a user sets on the command line (examples next to each target below).
 VERSION ?= 1.0
-LANE ?= digits
-FILE ?= tests/fixtures/digit_7.png
 MODEL ?= $(firstword $(MODELS))
+LANE ?= $(MODEL)
+# empty: the lane's model's first sample (models/<name>/samples.json)
+FILE ?=
 MAR ?=
-BATCH_EXAMPLE := build/batch/digits-10k.jsonl
-BATCH_MODEL ?= digits
+BATCH_MODEL ?= $(MODEL)
+EXAMPLE_ROWS ?= 1000
+BATCH_EXAMPLE := build/batch/$(BATCH_MODEL)-example.jsonl
 BATCH_INPUT ?= $(BATCH_EXAMPLE)
-BATCH_OUTPUT ?= build/batch/digits-10k.predictions.jsonl
+BATCH_OUTPUT ?= build/batch/$(BATCH_MODEL)-example.predictions.jsonl
 BATCH_ARGS ?= --overwrite
 BROKERS ?= 127.0.0.1:19092
 TOPIC ?= $(MODEL).requests
@@ -179,10 +181,10 @@ gpu-check: $(STAMP)
 		| tee -a build/gpu-check/stream.txt
 
 # --- clients ------------------------------------------------------------------------------------------
-# make client LANE=digits-bulk FILE=tests/fixtures/digits_instances.json
+# make client [LANE=<model>[-bulk]] [FILE=photo.jpg | FILE=instances.json] (no FILE: the model's first sample)
 client: $(STAMP)
 	$(PY) -m scripts.clients.rest --model $(LANE) $(FILE)
-# make grpc-client LANE=digits FILE=tests/fixtures/digit_7.png
+# make grpc-client [LANE=...] [FILE=...]
 grpc-client: grpc-stubs
 	$(PY) -m scripts.clients.grpc_client --model $(LANE) $(FILE)
 
@@ -193,15 +195,16 @@ swap: grpc-stubs
 rollback: grpc-stubs
 	$(PY) -m scripts.swap.hot_swap rollback --model $(MODEL)
 
-# --- batch jobs: 10,000 held-out digits through the digits-bulk lane of a running `make serve` -----------
-# make batch-job BATCH_INPUT=rows.parquet BATCH_OUTPUT=out.parquet BATCH_ARGS="--in-process --resume"
+# --- batch jobs: an example job (the model's samples cycled to EXAMPLE_ROWS rows) through its bulk lane of a
+# running `make serve`. make batch-job [BATCH_MODEL=...] BATCH_INPUT=rows.parquet BATCH_OUTPUT=out.parquet
+# BATCH_ARGS="--in-process --resume"
 $(BATCH_EXAMPLE): | $(STAMP)
-	$(PY) -m models.digits.samples --rows 10000 --output $@
-batch-job: model_store/digits.mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
+	$(PY) -m scripts.jobs.example --model $(BATCH_MODEL) --rows $(EXAMPLE_ROWS) --output $@
+batch-job: model_store/$(BATCH_MODEL).mar $(filter $(BATCH_EXAMPLE),$(BATCH_INPUT))
 	$(PY) -m scripts.jobs.batch_job --model $(BATCH_MODEL) --input $(BATCH_INPUT) --output $(BATCH_OUTPUT) $(BATCH_ARGS)
 
 # --- streams (docs/streams.md): a local Kafka-compatible broker, and the consumer feeding the stream lane ------
-# make broker (keeps running; Ctrl-C stops it) ; make stream [MODEL=digits TOPIC=digits.requests STREAM_ARGS=--in-process]
+# make broker (keeps running; Ctrl-C stops it) ; make stream [MODEL=<model> TOPIC=<model>.requests STREAM_ARGS=--in-process]
 broker: $(STAMP)
 	$(PY) -m scripts.streams.tansu --port $(lastword $(subst :, ,$(BROKERS)))
 stream: model_store/$(MODEL).mar
@@ -240,7 +243,7 @@ bench-sweep: archive
 # --- hardening (docs/hardening.md): each starts its own TorchServe on free ports, as verify and bench do ----
 # fuzz: schemathesis on the four prediction lanes from TorchServe's own OpenAPI description (repaired), about
 # 4 minutes; fails on a 5xx, a worker restart or a lane that answers differently after. Report: build/fuzz.json.
-# soak: 10 minutes of stream traffic (wrk) on digits and minilm plus batch jobs on both bulk lanes; fails when
+# soak: 10 minutes of stream traffic (wrk) on every model plus batch jobs on every bulk lane; fails when
 # a worker's or the frontend's RSS or open fds grow past the stated bounds. Report: build/soak.json.
 fuzz: archive
 	$(PY) -m scripts.hardening.fuzz

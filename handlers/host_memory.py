@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections import deque
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -31,31 +30,34 @@ MMAP_THRESHOLD = 4 * MIB
 # dynamic threshold), and a batch that leaves the worker more than T above the size its last trim left is
 # followed by malloc_trim (about a millisecond on a minilm worker): smaller growth is left for the next batch to
 # reuse (HostMemory.slack). A stream worker must take a max_request_size body (64 MiB) on top of what it holds at
-# rest, so little is left to keep. What the last RECENT_BATCHES batches grew it by recurs, and is kept: an image
-# classifier's single-image batch grows a worker by about 30 MiB, and after a burst of batches of 8 each lone one
-# was trimmed and faulted in again, 88 ms an image instead of 43 (docs/models.md).
+# rest, so little is left to keep. A lane whose every pass needs more than that sets its own slack
+# (handler.heap_slack_mib): an image classifier's pass grows a worker by about 30 MiB an image, and a worker that
+# trimmed it after each batch faulted it in again, 88 ms an image instead of 43 (docs/models.md). The slack is a
+# fixed number, not learnt from the batches: a worker that kept whatever its recent batches grew it by rose by its
+# slack again each time (a digits-bulk worker +63 MiB over the ten-minute soak, where a fixed slack holds it flat).
 STATM = Path("/proc/self/statm")
-RECENT_BATCHES = 8
 
 
 class HostMemory:
     """glibc's malloc for one worker process: `settle()` once the model is loaded, `after_batch()` after each."""
 
-    def __init__(self, libc: ctypes.CDLL | None, threshold: int | None = None) -> None:
+    def __init__(self, libc: ctypes.CDLL | None, threshold: int | None = None, slack: int | None = None) -> None:
         self.libc = libc
         self.threshold = threshold  # the mmap threshold set in this process, None where nothing was changed
         self.resting = 0  # bytes of RSS after the last trim: what the worker holds at rest
-        self.recent: deque[int] = deque(maxlen=RECENT_BATCHES)  # what the last batches grew the worker by
+        self._slack = slack
 
     @property
     def slack(self) -> int:
-        """Growth over the resting size that after_batch() hands back: one threshold."""
-        return self.threshold or MMAP_THRESHOLD
+        """Growth over the resting size that after_batch() leaves for the next batch: the lane's own, else one
+        threshold."""
+        return self._slack or self.threshold or MMAP_THRESHOLD
 
     @classmethod
-    def for_this_process(cls, threshold: int | None = None) -> HostMemory:
+    def for_this_process(cls, threshold: int | None = None, slack: int | None = None) -> HostMemory:
         """Tunes glibc's malloc when this process runs on it (blocks of `threshold` bytes and more mapped; None:
-        MMAP_THRESHOLD); a HostMemory that changes nothing otherwise."""
+        MMAP_THRESHOLD; `slack` bytes of growth left in place after a batch, None: one threshold); a HostMemory
+        that changes nothing otherwise."""
         threshold = threshold or MMAP_THRESHOLD
         libc = _glibc()
         if libc is None:
@@ -64,7 +66,7 @@ class HostMemory:
         if not (libc.mallopt(M_MMAP_THRESHOLD, threshold) and libc.mallopt(M_TRIM_THRESHOLD, 2 * threshold)):
             logger.warning("mallopt refused the thresholds: malloc left as it is")
             return cls(libc)
-        return cls(libc, threshold)
+        return cls(libc, threshold, slack)
 
     def settle(self) -> int:
         """Hand back what loading freed and take the resting size; returns it in bytes (0 where unknown)."""
@@ -73,16 +75,9 @@ class HostMemory:
         return self.resting
 
     def after_batch(self) -> bool:
-        """Trim when the batch left the worker more than its slack above its resting size and above what the
-        batches before it grew it by (a working set that recurs stays: trimming it only makes the next batch
-        fault it in again); whether it did. What a trim cannot give back (code pages a first forward pass
-        touched, objects kept) becomes the resting size."""
-        if self.libc is None:
-            return False
-        grown = rss_bytes() - self.resting
-        recurring = max(self.recent, default=0)
-        self.recent.append(grown)
-        if grown <= recurring + self.slack:
+        """Trim when the batch left the worker more than its slack above its resting size; whether it did. What
+        a trim cannot give back (code pages a first forward pass touched, objects kept) becomes the resting size."""
+        if self.libc is None or rss_bytes() <= self.resting + self.slack:
             return False
         self.settle()
         return True

@@ -25,6 +25,7 @@ CORE_KEYS = (
     "response_timeout_s",
     "fast_protocol",
     "mmap_threshold_mib",
+    "heap_slack_mib",
     "forward_passes",
     "priority",
     "yield_pass_ms",
@@ -85,6 +86,10 @@ class HandlerSettings:
     # micro-batch, and mapping each anew costs its page faults every time (the digits core ran at half speed with
     # 4 MiB): its lane keeps them in the heap with a higher threshold, at most glibc's 32.
     mmap_threshold_mib: PerLane = None
+    # Growth in MiB over a worker's resting size it keeps after a batch for the next one, per lane; null: the mmap
+    # threshold. Past it the worker hands its free heap back (malloc_trim). A lane whose every pass needs more (an
+    # image classifier's activations) sets it above that need, or each batch faults the pages in again.
+    heap_slack_mib: PerLane = None
     # Micro-batches of one request run at once by a worker, per lane like torch_threads; null: one per CPU the
     # worker may use. Each pass runs on torch_threads threads, so a lane with several passes sets torch_threads 1.
     # A bulk lane on the CPU: passes of one thread each keep both cores busy without OpenMP's barriers, which stall
@@ -123,6 +128,7 @@ class HandlerSettings:
             response_timeout_s=section.get("response_timeout_s", cls.response_timeout_s),
             fast_protocol=section.get("fast_protocol", cls.fast_protocol),
             mmap_threshold_mib=section.get("mmap_threshold_mib", cls.mmap_threshold_mib),
+            heap_slack_mib=section.get("heap_slack_mib", cls.heap_slack_mib),
             forward_passes=section.get("forward_passes", cls.forward_passes),
             priority=section.get("priority", cls.priority),
             yield_pass_ms=section.get("yield_pass_ms", cls.yield_pass_ms),
@@ -144,6 +150,7 @@ class HandlerSettings:
         _check_per_lane("max_request_bytes", self.max_request_bytes)
         _check_per_lane("response_timeout_s", self.response_timeout_s)
         _check_per_lane("mmap_threshold_mib", self.mmap_threshold_mib)
+        _check_per_lane("heap_slack_mib", self.heap_slack_mib)
         _check_per_lane("forward_passes", self.forward_passes)
         mmap = self.mmap_threshold_mib
         values = mmap.values() if isinstance(mmap, Mapping) else [mmap]
@@ -182,6 +189,12 @@ class HandlerSettings:
     def mmap_threshold_bytes(self, lane: str) -> int | None:
         """glibc's mmap threshold in bytes for a worker of `lane` (handlers/host_memory.py), None for its default."""
         mib = _for_lane(self.mmap_threshold_mib, lane)
+        return mib * 2**20 if mib else None
+
+    def heap_slack_bytes(self, lane: str) -> int | None:
+        """What a worker of `lane` keeps over its resting size after a batch (handlers/host_memory.py), None for one
+        mmap threshold."""
+        mib = _for_lane(self.heap_slack_mib, lane)
         return mib * 2**20 if mib else None
 
     def passes_for(self, lane: str) -> int | None:

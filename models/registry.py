@@ -57,6 +57,10 @@ GOALS = {
     },
     "field_goals": {"rate_over_best_peer_top", "p99_over_best_peer_top", "p50_over_best_peer_ms"},
 }  # fmt: skip
+# model.yaml's optional soak: how `make soak` loads the model (scripts/hardening/soak.py): connections, those wrk keeps
+# busy on its stream lane (a slow model fewer, so the machine is not saturated by one model); job_rows, the rows of
+# each batch job through its bulk lane (cycled from samples.json; a few seconds' work).
+SOAK_DEFAULTS = {"connections": 2, "job_rows": 64}
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -141,6 +145,7 @@ class Model:
     folder: Path
     lanes: tuple[Lane, ...]
     bench: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    soak: Mapping[str, int] = dataclasses.field(default_factory=lambda: dict(SOAK_DEFAULTS))
 
     @property
     def stream_lane(self) -> Lane:
@@ -253,10 +258,11 @@ def _model(folder: Path) -> Model:
         raise RegistryError(
             f"{folder}: a model's name is lower-case letters, digits and _ (its lanes add -bulk, its archives -<version>)"
         )
-    unknown = sorted(set(declared) - {"lanes", "bench"})
+    unknown = sorted(set(declared) - {"lanes", "bench", "soak"})
     if unknown:
-        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; a model.yaml holds lanes: (and bench:)")
+        raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; a model.yaml holds lanes: (and bench:, soak:)")
     bench = _bench(declared.get("bench") or {}, where)
+    soak = _soak(declared.get("soak") or {}, where)
     lanes_declared = declared.get("lanes") or {}
     if name not in lanes_declared:
         raise RegistryError(f"{where}: no stream lane; declare lanes: {{{name}: {{...}}}} (named after the folder)")
@@ -282,7 +288,17 @@ def _model(folder: Path) -> Model:
             if not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1:
                 raise RegistryError(f"{where}: lanes.{lane_name}.{key} must be a positive integer, got {settings[key]!r}")
         built.append(Lane(lane_name, name, role, **settings, p99_objective_s=objective))
-    return Model(name, folder, tuple(built), bench)
+    return Model(name, folder, tuple(built), bench, soak)
+
+
+def _soak(soak: Any, where: Path) -> dict[str, int]:
+    if (
+        not isinstance(soak, Mapping)
+        or set(soak) - set(SOAK_DEFAULTS)
+        or not all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in soak.values())
+    ):
+        raise RegistryError(f"{where}: soak: takes {', '.join(SOAK_DEFAULTS)} only, each a positive integer, got {soak!r}")
+    return {**SOAK_DEFAULTS, **soak}
 
 
 def _bench(bench: Any, where: Path) -> dict[str, Any]:

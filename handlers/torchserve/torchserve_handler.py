@@ -67,7 +67,8 @@ class UnifiedHandler:
             switched = apply_priority(priority)
             set_mps_priority(priority)  # before the first CUDA call makes the context
         # Before the model loads, so its blocks follow the fixed thresholds too (handlers/host_memory.py).
-        self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(context.model_name))
+        lane = context.model_name
+        self.memory = HostMemory.for_this_process(settings.mmap_threshold_bytes(lane), settings.heap_slack_bytes(lane))
         # A lane without a thread count (the bulk lanes) gets one per CPU the container may use, not per host core.
         threads = settings.threads_for(context.model_name) or usable_cpus()
         torch.set_num_threads(threads)

@@ -31,10 +31,10 @@ def load_core(archive: Path) -> InferenceCore:
 
 def malloc_as_lane(archive: Path, lane: str) -> HostMemory:
     """This process's glibc malloc set as a TorchServe worker of `lane` sets its own: the archive's
-    handler.mmap_threshold_mib for that lane (handlers/host_memory.py; a lane the file does not name gets its
+    handler.mmap_threshold_mib and heap_slack_mib for that lane (handlers/host_memory.py; a lane the file does not name gets its
     `default`). Only the malloc setting follows `lane`: a core keeps the `default` entries of the rest (load_core).
     For the whole process, from now on. `python -m scripts.bench.batch` runs the pipeline ceiling (and so the
     in-process jobs after it) under digits-bulk's setting: with glibc's own adaptive threshold the core alone ran at
     one of two speeds from run to run, as its passes were or were not faulted in again (docs/batch-jobs.md)."""
     settings = HandlerSettings.from_yaml(MarFile(archive).model_config(), lane)
-    return HostMemory.for_this_process(settings.mmap_threshold_bytes(lane))
+    return HostMemory.for_this_process(settings.mmap_threshold_bytes(lane), settings.heap_slack_bytes(lane))

@@ -31,6 +31,7 @@ import grpc
 
 from handlers.errors import RequestError
 from scripts import cli
+from scripts.clients.rest import add_lane_options, sample_body
 from scripts.errors import ScriptError
 from scripts.server.endpoints import REFUSED_MESSAGE, Endpoints
 
@@ -264,19 +265,19 @@ class SequenceStream:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("file", type=Path, help='an image or a .json {"instances": [...]} file')
-    parser.add_argument("--model", default="digits", help="lane: digits, digits-bulk, ...")
+    parser.add_argument("file", nargs="?", type=Path, help='an image or a .json {"instances": [...]} file')
+    add_lane_options(parser)
     parser.add_argument("--version", help="a model version (default: the lane's default version)")
     parser.add_argument("--repeat", type=int, default=1, help="send the file this many times on one stream")
     parser.add_argument(
-        "--stream2", action="store_true", help="stream with StreamPredictions2 (needs a stateful lane: digits-seq)"
+        "--stream2", action="store_true", help="stream with StreamPredictions2 (needs a stateful lane, e.g. <model>-seq)"
     )
     cli.add_server_options(parser)
     args = parser.parse_args(argv)
-    if not args.file.exists():
+    if args.file is not None and not args.file.exists():
         parser.error(f"{args.file} does not exist")
     endpoints = Endpoints.from_config(args.config, args.key_file)
-    body = args.file.read_bytes()
+    body = args.file.read_bytes() if args.file is not None else sample_body(args.model, args.sample)
     with GrpcClient(endpoints) as client:
         if args.stream2:
             results = list(client.stream2(args.model, [body] * args.repeat, version=args.version))

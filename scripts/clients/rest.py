@@ -1,5 +1,7 @@
-"""REST client: send an image, a text or a JSON instances file to a lane and print the answer.
+"""REST client: send an image, a text, a JSON instances file or one of the model's samples to a lane; print the answer.
 
+    python -m scripts.clients.rest --model efficientnet_lite0             # the lane's model's first sample
+    python -m scripts.clients.rest --model minilm --sample 9              # its tenth (models/<name>/samples.json)
     python -m scripts.clients.rest --model digits tests/fixtures/digit_7.png
     python -m scripts.clients.rest --model digits-bulk tests/fixtures/digits_instances.json
     python -m scripts.clients.rest --model minilm --text "a sentence"
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import requests
 
+from models import registry
 from scripts import cli
 from scripts.errors import ConfigError
 from scripts.layout import JSON
@@ -81,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("file", nargs="?", type=Path, help='an image, a .txt or a .json {"instances": [...]} file')
     parser.add_argument("--text", help="send this text as the raw body instead of a file")
-    parser.add_argument("--model", default="digits", help="lane: digits, digits-bulk, minilm, minilm-bulk")
+    add_lane_options(parser)
     parser.add_argument("--version", help="a model version (default: the lane's default version)")
     cli.add_server_options(parser)
     args = parser.parse_args(argv)
-    if (args.file is None) == (args.text is None):
-        parser.error("give exactly one of FILE or --text")
+    if args.file is not None and args.text is not None:
+        parser.error("give at most one of FILE or --text (neither: --sample)")
     endpoints = Endpoints.from_config(args.config, args.key_file)
-    if args.text is not None:
+    if args.file is None and args.text is None:
+        body, kind = sample_body(args.model, args.sample), JSON
+    elif args.text is not None:
         body, kind = args.text.encode("utf-8"), "text/plain; charset=utf-8"
     elif not args.file.exists():
         parser.error(f"{args.file} does not exist")
@@ -105,6 +110,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: HTTP {reply.status_code} from {where}" + (f": {reason}" if reason else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def add_lane_options(parser) -> None:
+    """--model (a lane of a model in models/, default the first's stream lane) and --sample (which of its samples)."""
+    lanes = [lane.name for lane in registry.lanes()]
+    parser.add_argument("--model", default=lanes[0], help=f"lane: {', '.join(lanes)} (default %(default)s)")
+    parser.add_argument("--sample", type=int, default=0, help="without FILE or --text: send this sample (default %(default)s)")
+
+
+def sample_body(lane: str, index: int) -> bytes:
+    """{"instances": [sample]}: the model's sample `index` (models/<name>/samples.json) for one of its lanes (its
+    stream and bulk lanes, or another named <model>-..., such as a sequence lane)."""
+    found = registry.model({lane.name: lane.model for lane in registry.lanes()}.get(lane) or lane.split("-")[0])
+    instances = found.samples().instances
+    if not 0 <= index < len(instances):
+        raise ConfigError(f"{found.name} has samples 0..{len(instances) - 1} (models/{found.name}/samples.json), not {index}")
+    return json.dumps({"instances": [instances[index]]}).encode()
 
 
 if __name__ == "__main__":

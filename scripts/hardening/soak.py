@@ -1,11 +1,12 @@
-"""Soak: stream traffic on both models and batch jobs at once for N minutes; fails on memory or fd growth.
+"""Soak: stream traffic on every model and batch jobs at once for N minutes; fails on memory or fd growth.
 
     python -m scripts.hardening.soak --minutes 10            # its own TorchServe on free ports (make soak)
     python -m scripts.hardening.soak --minutes 1 --running   # `make serve`'s server (config.properties)
 
-wrk keeps a few connections busy on the `digits` lane (the digit-7 PNG) and on the `minilm` lane (a few
-sentences of varied length) through scripts/bench/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) run one
-after another through `digits-bulk` and `minilm-bulk`. Every worker (pids from the management API) and the
+wrk keeps a few connections busy on every model's stream lane (its first samples in one request, so a batch holds
+rows of different shapes) through scripts/bench/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) of its
+samples run one after another through every bulk lane; each model's model.yaml says how many of each (soak:).
+Every worker (pids from the management API) and the
 frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up (full batches on the stream
 lanes, then the same traffic) and after the run, both times with no request in flight: resident memory
 (RSS) and open file descriptors. It fails when a process grows past BOUNDS, a worker restarts, a stream
@@ -16,6 +17,7 @@ larger than the rotation's cap. Writes build/soak.json.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import tempfile
 import threading
@@ -27,30 +29,29 @@ from pathlib import Path
 import orjson
 import psutil
 
-from models.digits.samples import digit_rows, write_jsonl
-from models.minilm.samples import varied_sentences
+from handlers.host_memory import MMAP_THRESHOLD
+from models import registry
 from scripts import cli
 from scripts.bench import loadgen
 from scripts.clients.load import send_concurrently
 from scripts.errors import ScriptError
 from scripts.hardening import subject
 from scripts.jobs.batch_job import JobConfig, run_job
+from scripts.jobs.example import write_example
 from scripts.layout import BUILD, JSON
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 from scripts.swap.management import ManagementApi
 
 MIB = 1024 * 1024
-SENTENCES = 4  # per minilm stream request: lengths vary, so the lane pads to different shapes
-# Batch jobs small enough to finish within seconds of the run's end, so a short soak is not held up by one.
-DIGIT_JOB_ROWS = 1000
-MINILM_JOB_ROWS = 32
-MINILM_JOB_WORDS = 30  # sentences up to this many words: the lane's cost per row stays near the stream's
-# Connections wrk keeps busy on each stream lane (closed loop: each sends its next request when the last is
-# answered). A closed loop follows the machine's speed, so a slow or shared machine gets fewer requests, never
-# a queue of timeouts; and no batch grows past what the warm-up's burst already gave the workers.
-STREAM_CONNECTIONS = {"digits": 4, "minilm": 2}
-SOAK_MODELS = tuple(STREAM_CONNECTIONS)  # the models the soak drives (and its own server loads)
+# Samples per stream request, at most (fewer where the lane's row or byte limit says so): rows of different shapes
+# in one batch (texts of different lengths pad differently, photographs of different sizes resize differently).
+STREAM_ROWS = 4
+# wrk's connections per stream lane come from model.yaml (soak.connections): a closed loop, each connection sending
+# its next request when the last is answered, follows the machine's speed, so a slow or shared machine gets fewer
+# requests, never a queue of timeouts; and no batch grows past what the warm-up's burst already gave the workers.
+# Batch jobs (soak.job_rows) are small enough to finish within seconds of the run's end.
+SOAK_MODELS = tuple(registry.models())  # the models the soak drives (and its own server loads): every folder
 SAMPLE_EVERY_S = 10.0
 # The soak's own server logs every request (the access log on) into files of 1 MB with 2 old ones each: the
 # five log files of monitoring/log4j2.xml then hold at most 5 x 3 MB, however long the soak.
@@ -74,10 +75,13 @@ class Bound:
 # Why these numbers: docs/hardening.md "Soak". A worker holds the same model and serves the same shapes at
 # both samples, so after the warm-up its RSS should stay flat (allocator caches already grown); the bound
 # leaves room for glibc arenas and torch's CPU allocator caching a few odd shapes, and is far below what
-# a per-request leak of even 1 KiB makes over the run. The frontend is a JVM: its heap grows and shrinks
-# with garbage collection, so its bound is wider. A descriptor is either leaked or not: workers may not
-# gain one; the frontend may gain a few (Netty's event loops open pipes/epoll descriptors lazily).
+# a per-request leak of even 1 KiB makes over the run. A worker may also hold its lane's heap slack above what
+# its last trim left (handler.heap_slack_mib, handlers/host_memory.py): at a sample it may be anywhere in it,
+# so a lane with more slack than the bound gets its slack plus SLACK_MARGIN_MIB (bound_for). The frontend is a
+# JVM: its heap grows and shrinks with garbage collection, so its bound is wider. A descriptor is either leaked
+# or not: workers may not gain one; the frontend may gain a few (Netty's event loops open pipes/epoll descriptors lazily).
 BOUNDS = {"worker": Bound(rss_mib=48, rss_percent=10, fds=0), "frontend": Bound(rss_mib=192, rss_percent=40, fds=16)}
+SLACK_MARGIN_MIB = 16
 
 
 class SoakError(ScriptError):
@@ -89,7 +93,7 @@ class Lane(subject.Subject):
     """A lane to load: its server and the model whose traffic it takes. Lanes named `<model>-bulk` get
     batch jobs, the others stream requests."""
 
-    model: str  # digits | minilm
+    model: str  # the model's folder name (models/<model>/)
 
 
 @dataclass(frozen=True)
@@ -289,29 +293,27 @@ def workload(lanes: dict[str, Lane], folder: Path) -> Workload:
             jobs[name] = (lane, _job_input(lane.model, folder))
             continue
         endpoints = lane.endpoints
-        if lane.model == "digits":
-            body, kind = subject.DIGIT_PNG.read_bytes(), "image/png"
-        else:
-            body, kind = orjson.dumps({"instances": stream_sentences()}), JSON
-        target = loadgen.Target(endpoints.prediction_url(name), body, kind, endpoints.token("inference"))
-        stream[name] = (target, STREAM_CONNECTIONS[lane.model])
+        target = loadgen.Target(endpoints.prediction_url(name), stream_body(name), JSON, endpoints.token("inference"))
+        stream[name] = (target, registry.model(lane.model).soak["connections"])
     return Workload(stream, jobs, lanes)
 
 
-def stream_sentences() -> list[str]:
-    """A few sentences of different lengths (2 to about 40 tokens) from the model's samples."""
-    return [varied_sentences()[i] for i in (1, 2, 9, 11)][:SENTENCES]
+def stream_body(lane: str) -> bytes:
+    """The stream request: the model's first STREAM_ROWS samples, as many as the lane's row and byte limits take."""
+    found, _ = registry.lane(lane)
+    instances = list(found.samples().instances)
+    rows = min(STREAM_ROWS, len(instances), found.handler_value("max_request_rows", lane) or STREAM_ROWS)
+    limit = found.handler_value("max_request_bytes", lane)
+    while True:
+        body = orjson.dumps({"instances": instances[:rows]})
+        if rows == 1 or limit is None or len(body) <= limit:
+            return body
+        rows -= 1
 
 
 def _job_input(model: str, folder: Path) -> Path:
-    path = folder / f"{model}.jsonl"
-    if model == "digits":
-        return write_jsonl(path, digit_rows(DIGIT_JOB_ROWS))
-    sentences = [s for s in varied_sentences(4 * MINILM_JOB_ROWS) if len(s.split()) <= MINILM_JOB_WORDS]
-    with path.open("wb") as out:
-        for number, sentence in enumerate(sentences[:MINILM_JOB_ROWS]):
-            out.write(orjson.dumps({"id": number, "instance": sentence}) + b"\n")
-    return path
+    """soak.job_rows rows cycled from the model's samples, as JSONL."""
+    return write_example(model, registry.model(model).soak["job_rows"], folder / f"{model}.jsonl")
 
 
 def burst(work: Workload, folder: Path) -> None:
@@ -420,7 +422,15 @@ def folder_bytes(folder: Path) -> int:
 
 
 def bound_for(role: str) -> Bound:
-    return BOUNDS["frontend" if role == "frontend" else "worker"]
+    """The frontend's bound, or a worker's of lane `role`: BOUNDS', or its lane's heap slack plus a margin where that
+    is more."""
+    if role == "frontend":
+        return BOUNDS["frontend"]
+    bound = BOUNDS["worker"]
+    found, _ = registry.lane(role)
+    slack = found.handler_value("heap_slack_mib", role) or found.handler_value("mmap_threshold_mib", role)
+    slack_mib = slack or MMAP_THRESHOLD / MIB
+    return dataclasses.replace(bound, rss_mib=max(bound.rss_mib, slack_mib + SLACK_MARGIN_MIB))
 
 
 def default_warmup(minutes: float) -> float:

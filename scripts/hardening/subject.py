@@ -20,8 +20,6 @@ from scripts import cli
 from scripts.layout import MODEL_STORE, ROOT
 from scripts.server.endpoints import Endpoints
 
-DIGIT_PNG = ROOT / "tests" / "fixtures" / "digit_7.png"  # the soak's stream request: the digit 7
-
 
 @dataclass(frozen=True)
 class Subject:

@@ -1,30 +1,37 @@
 """Peak memory of a TorchServe worker per request: the worst requests under max_request_size on each lane.
 
-    python -m scripts.hardening.worker_memory                  # a throwaway server with model_store's archives
+    python -m scripts.hardening.worker_memory                  # every lane of every model, a throwaway server
     python -m scripts.hardening.worker_memory --lanes digits   # only some lanes
 
-For each request, every worker of the lane gets its peak RSS reset (writing 5 to /proc/<pid>/clear_refs),
-the request is sent alone, and the answering worker (X-Worker-Pid) reports VmRSS and VmHWM (the peak) from
-/proc/<pid>/status. Linux only. The figures are in docs/hardening.md, "Limits".
+The requests come from each lane's own limits (its archive's model-config.yaml: rows, bytes, pixels, text bytes
+and tokens), through its task's worst cases (TASK_PROBES: a task that is new here adds its own) and those every lane
+shares (bodies of empty objects filling its byte limit and max_request_size). For each request, every worker of the
+lane gets its peak RSS reset (writing 5 to /proc/<pid>/clear_refs), the request is sent alone, and the answering
+worker (X-Worker-Pid) reports VmRSS and VmHWM (the peak) from /proc/<pid>/status. Linux only. The figures are in
+docs/hardening.md, "Limits"; each lane's worst is its worker_peak_mib in models/<name>/model.yaml.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 from PIL import Image, ImageDraw
 
 from handlers.headers import REPORT_WORKER_PID, WORKER_PID
+from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.clients.rest import predict
+from scripts.errors import ScriptError
 from scripts.layout import MODEL_STORE
 from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
@@ -57,7 +64,7 @@ class Reading:
 def fill(limit: int, item: bytes, head: bytes = b'{"instances": [', tail: bytes = b"]}") -> bytes:
     """As many `item`s as fit in `limit` bytes, as a JSON instances body."""
     count = (limit - len(head) - len(tail)) // (len(item) + 1)
-    return head + b",".join([item] * count) + tail
+    return head + item + (b"," + item) * (count - 1) + tail  # repeated as bytes: no list of millions of references
 
 
 def instances_of(items: list[bytes]) -> bytes:
@@ -65,15 +72,26 @@ def instances_of(items: list[bytes]) -> bytes:
 
 
 def rows_of(count: int, item: bytes) -> bytes:
-    return instances_of([item] * count)
+    return b'{"instances": [' + item + (b"," + item) * (count - 1) + b"]}"
 
 
 def digit_png(size: int) -> bytes:
     """A size x size PNG of a drawn ring: the most pixels per byte a real-looking digit image has."""
     image = Image.new("1", (size, size), 1)
     ImageDraw.Draw(image).ellipse((size // 4, size // 6, 3 * size // 4, 5 * size // 6), outline=0, width=max(1, size // 16))
+    return _saved(image, "PNG", optimize=True)
+
+
+def photo_jpeg(side: int) -> bytes:
+    """A side x side colour JPEG of smooth gradients: the most pixels per byte a photograph-like file has."""
+    ramp = Image.linear_gradient("L").resize((side, side))
+    image = Image.merge("RGB", (ramp, ramp.rotate(90), ramp.rotate(180)))
+    return _saved(image, "JPEG", quality=75)
+
+
+def _saved(image: Image.Image, kind: str, **options) -> bytes:
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG", optimize=True)
+    image.save(buffer, format=kind, **options)
     return buffer.getvalue()
 
 
@@ -81,50 +99,108 @@ def b64_item(data: bytes) -> bytes:
     return orjson.dumps({"b64": base64.b64encode(data).decode()})
 
 
-def image_rows(count: int, large: int) -> bytes:
-    """`large` 1024x1024 images (15 leave room in the per-request pixel budget), then 8x8 ones up to `count` rows."""
-    return instances_of([b64_item(digit_png(1024))] * large + [b64_item(digit_png(8))] * (count - large))
-
-
 def text_rows(count: int, size: int) -> bytes:
     return rows_of(count, orjson.dumps(("word " * (size // 5 + 1))[:size]))
 
 
-def lane_bytes(lane: str) -> int:
-    """The lane's handler.max_request_bytes, from its archive's model-config.yaml in the model store."""
-    model = lane.removesuffix("-bulk")
-    limit = MarFile(MODEL_STORE / f"{model}.mar").settings().bytes_for(lane)
-    if limit is None:
-        raise ValueError(f"lane {lane} has no handler.max_request_bytes")
-    return limit
+@dataclass(frozen=True)
+class Limits:
+    """What a lane admits (its archive's model-config.yaml, resolved for the lane) and the server's max_request_size."""
+
+    lane: str
+    task: str
+    rows: int | None
+    bytes: int | None
+    options: Mapping[str, Any]
+    request_size: int
+
+    @classmethod
+    def of(cls, lane: str, request_size: int) -> Limits:
+        found, _ = registry.lane(lane)
+        settings = MarFile(MODEL_STORE / f"{found.name}.mar").settings()
+        return cls(lane, settings.task, settings.rows_for(lane), settings.bytes_for(lane), settings.task_options, request_size)
+
+    @property
+    def body(self) -> int:
+        """The most bytes a body may have on this lane."""
+        return min(self.bytes or self.request_size, self.request_size)
+
+    def fitting(self, count: int, item: bytes) -> int:
+        """How many of `item` (up to `count`) an instances body within the lane's bytes holds."""
+        return max(1, min(count, (self.body - 32) // (len(item) + 1)))
 
 
+# A task's worst requests for a lane: {task: Limits -> [Probe]}. TorchServe's worker hands every body to the handler
+# as bytes (handlers/torchserve/torchserve_handler.py): a lane refuses a body over its max_request_bytes on its size;
+# one within it is parsed (orjson), then refused on rows.
 ROW = b"[" + b",".join([b"0.5"] * 64) + b"]"  # one digits row, 64 floats (fresh float objects when parsed)
-# TorchServe's worker hands every body to the handler as bytes (handlers/torchserve/torchserve_handler.py): a stream lane
-# refuses a body over its max_request_bytes on its size; one within it is parsed (orjson), then refused on rows.
-PROBES = [
-    Probe("digits", "1024 rows of 64 floats", lambda limit: rows_of(1024, ROW), JSON),
-    Probe("digits", "1024 b64 images: 15 of 1024x1024, 1009 of 8x8", lambda limit: image_rows(1024, 15), JSON),
-    Probe("digits", "one 1024x1024 PNG", lambda limit: digit_png(1024), "image/png"),
-    Probe("digits", "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("digits", "max_request_bytes of {} (parsed, then 413 on rows)", lambda limit: fill(lane_bytes("digits"), b"{}"), JSON),
-    Probe("digits-bulk", "200000 rows of 64 floats", lambda limit: rows_of(200_000, ROW), JSON),
-    Probe("digits-bulk", "max_request_size of {} (parsed, then 413 on rows)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("minilm", "32 texts of 64 KiB (over max_request_bytes: 413 on its size)", lambda limit: text_rows(32, 64 * 1024), JSON),
-    Probe(
-        "minilm",
-        "max_request_bytes of 64 KiB texts",
-        lambda limit: text_rows(lane_bytes("minilm") // (64 * 1024 + 3) - 1, 64 * 1024),
-        JSON,
-    ),
-    Probe("minilm", "32 texts of 256 tokens", lambda limit: text_rows(32, 1300), JSON),
-    Probe("minilm", "one text of 64 KiB", lambda limit: ("word " * 13108).encode()[: 64 * 1024], "text/plain"),
-    Probe("minilm", "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON),
-    Probe("minilm", "max_request_bytes of {} (parsed, then 413 on rows)", lambda limit: fill(lane_bytes("minilm"), b"{}"), JSON),
-    Probe("minilm-bulk", "1023 texts of 64 KiB", lambda limit: text_rows(1023, 64 * 1024), JSON),
-    Probe("minilm-bulk", "1024 texts of 256 tokens", lambda limit: text_rows(1024, 1300), JSON),
-    Probe("minilm-bulk", "max_request_size of {} (parsed, then 413 on rows)", lambda limit: fill(limit, b"{}"), JSON),
-]
+
+
+def digit_probes(limits: Limits) -> list[Probe]:
+    lane, rows = limits.lane, limits.rows or 1024
+    side = math.isqrt(limits.options.get("max_image_pixels", 1 << 20))
+    large = max(1, min(rows, limits.options.get("max_request_pixels", 1 << 24) // side**2 - 1))
+    small, big = b64_item(digit_png(8)), b64_item(digit_png(side))
+    images = limits.fitting(rows - large, small)
+    return [
+        Probe(lane, f"{rows} rows of 64 floats", lambda _: rows_of(rows, ROW), JSON),
+        Probe(
+            lane,
+            f"{large + images} b64 images: {large} of {side}x{side}, {images} of 8x8",
+            lambda _: instances_of([big] * large + [small] * images),
+            JSON,
+        ),
+        Probe(lane, f"one {side}x{side} PNG", lambda _: digit_png(side), "image/png"),
+    ]
+
+
+def text_probes(limits: Limits) -> list[Probe]:
+    lane, rows = limits.lane, limits.rows or 1024
+    size = limits.options.get("max_text_bytes", 64 * 1024)
+    tokens = limits.options.get("max_seq_length", 256)
+    item = orjson.dumps("x" * size)
+    full = limits.fitting(rows, item)
+    probes = [
+        Probe(lane, f"{full} texts of {size // 1024} KiB", lambda _: text_rows(full, size), JSON),
+        Probe(lane, f"{rows} texts of {tokens} tokens", lambda _: text_rows(rows, tokens * 5 + 20), JSON),
+        Probe(lane, f"one text of {size // 1024} KiB", lambda _: ("word " * (size // 5 + 1)).encode()[:size], "text/plain"),
+    ]
+    # More texts of the largest size than the lane's bytes allow, within max_request_size: refused on the body's size.
+    if full < rows and rows * (len(item) + 1) + 32 <= limits.request_size:
+        over = Probe(lane, f"{rows} texts of {size // 1024} KiB (413 on its size)", lambda _: text_rows(rows, size), JSON)
+        probes.insert(0, over)
+    return probes
+
+
+def image_probes(limits: Limits) -> list[Probe]:
+    lane, rows = limits.lane, limits.rows or 256
+    pixels = limits.options.get("max_image_pixels", 1 << 24)
+    side = math.isqrt(pixels)
+    photo = b64_item(photo_jpeg(side))
+    count = limits.fitting(min(rows, limits.options.get("max_request_pixels", pixels) // side**2), photo)
+    return [
+        Probe(lane, f"{count} b64 JPEGs of {side}x{side}", lambda _: instances_of([photo] * count), JSON),
+        Probe(lane, f"one {side}x{side} JPEG", lambda _: photo_jpeg(side), "image/jpeg"),
+    ]
+
+
+TASK_PROBES: dict[str, Callable[[Limits], list[Probe]]] = {
+    "digit_classification": digit_probes,
+    "text_embedding": text_probes,
+    "image_classification": image_probes,
+}
+
+
+def probes_for(limits: Limits) -> list[Probe]:
+    """The lane's task's worst cases, then those every lane shares."""
+    if limits.task not in TASK_PROBES:
+        raise ScriptError(f"no worst-case requests for task {limits.task!r}: add its probes to TASK_PROBES ({__file__})")
+    shared = [Probe(limits.lane, "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON)]
+    if limits.bytes is not None and limits.bytes < limits.request_size:
+        shared.append(
+            Probe(limits.lane, "max_request_bytes of {} (parsed, then 413 on rows)", lambda _: fill(limits.bytes, b"{}"), JSON)
+        )
+    return TASK_PROBES[limits.task](limits) + shared
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -153,8 +229,8 @@ def measure(endpoints: Endpoints, probe: Probe, limit: int) -> Reading:
 
 
 def readings(endpoints: Endpoints, lanes: list[str], limit: int) -> Iterator[Reading]:
-    for probe in PROBES:
-        if probe.lane in lanes:
+    for lane in lanes:
+        for probe in probes_for(Limits.of(lane, limit)):
             yield measure(endpoints, probe, limit)
 
 
@@ -168,12 +244,14 @@ def table_row(reading: Reading) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--lanes", nargs="+", default=["digits", "digits-bulk", "minilm", "minilm-bulk"])
+    known = [lane.name for lane in registry.lanes()]
+    parser.add_argument("--lanes", nargs="+", choices=known, default=known, help="default: every lane of every model")
     args = parser.parse_args(argv)
     limit = ServerConfig.read().max_request_size
     print("| lane | request | body MiB | status | seconds | RSS before MiB | peak RSS MiB | peak - before MiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    archives = {name: MODEL_STORE / name for name in ("digits.mar", "minilm.mar")}
+    models = {registry.lane(lane)[0].name for lane in args.lanes}
+    archives = {f"{model}.mar": MODEL_STORE / f"{model}.mar" for model in sorted(models)}
     with tempfile.TemporaryDirectory(prefix="torchserve-memory-") as folder:
         with serving_in(Path(folder), archives) as server:
             for reading in readings(server.endpoints, args.lanes, limit):

@@ -69,8 +69,8 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
             {"task": "digit_classification", "model_file": "m.pt2", "max_batch_row": 8},
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
             "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, "
-            "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, forward_passes, priority, yield_pass_ms, "
-            "max_image_pixels, max_request_pixels$",
+            "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, heap_slack_mib, forward_passes, priority, "
+            "yield_pass_ms, max_image_pixels, max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},
@@ -138,6 +138,17 @@ def test_mmap_threshold_is_set_per_lane_and_unset_means_the_handlers_default():
     per_lane = settings({"default": 4, "digits-bulk": 32})
     lanes = ("digits", "digits-seq", "digits-bulk")
     assert [per_lane.mmap_threshold_bytes(lane) for lane in lanes] == [4 * 2**20, 4 * 2**20, 32 * 2**20]
+
+
+def test_heap_slack_is_set_per_lane_and_unset_means_one_mmap_threshold():
+    def settings(mib):
+        return HandlerSettings.from_yaml({"handler": {"task": "x", "model_file": "m", "heap_slack_mib": mib}})
+
+    assert settings(None).heap_slack_bytes("digits") is None
+    per_lane = settings({"default": 96, "digits-bulk": None})
+    assert [per_lane.heap_slack_bytes(lane) for lane in ("digits", "digits-bulk")] == [96 * 2**20, None]
+    with pytest.raises(SettingsError, match="heap_slack_mib must be a positive"):
+        settings({"digits": 0})
 
 
 def test_row_limits_are_set_for_all_lanes_or_per_lane_and_name_the_lanes_that_take_more():
