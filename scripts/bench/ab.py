@@ -1,6 +1,6 @@
 """A lane served with its archive as built and with some handler settings or the handler code changed, side by side.
 
-    python -m scripts.bench.ab --set fast_protocol=false [--model digits] [--connections 1 4 64] [--rounds 3]
+    python -m scripts.bench.ab --set fast_protocol=false [--model NAME] [--connections 1 4 64] [--rounds 3]
     python -m scripts.bench.ab --code-from HEAD~1     # B: the same archive with the handler code of a git revision
 
 Both lanes get the stream lane's batching from config.properties; they take turns under wrk at each connection
@@ -67,7 +67,7 @@ def with_code_from(archive: Path, revision: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--model", default="digits")
+    cli.add_model_option(parser)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=YAML", help="handler settings of lane B")
     parser.add_argument("--code-from", metavar="REV", help="lane B runs the handler code of this git revision")
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 4, 64])

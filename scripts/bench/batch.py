@@ -1,9 +1,10 @@
 """`make bench`: a 1,000,000-row batch job through the bulk lane and in-process, against the pipeline ceiling.
 
-    python -m scripts.bench.batch [--rows 1000000] [--chunk-size 2000] [--concurrency 8] [--prefetch 2]
+    python -m scripts.bench.batch [--model NAME] [--rows 1000000] [--chunk-size 2000] [--concurrency 8] [--prefetch 2]
 
-Serves model_store/digits.mar from a throwaway TorchServe (free ports), runs the held-out digits repeated to
---rows, as Parquet (an `instance` column of 64 ints a row), through `digits-bulk` (progress bar on), then the same
+Serves model_store/<model>.mar (default: the first model) from a throwaway TorchServe (free ports), runs its samples
+repeated to --rows (scripts/jobs/example.py), as Parquet (an `instance` column; the digits' 64 ints a row), through
+its bulk lane (progress bar on), then the same
 job in-process twice: one thread reading, decoding, running and writing (--prefetch 0) and with
 chunks read and decoded ahead (--prefetch N); then once more with the same rows as JSONL (--prefetch N), what
 reading and decoding text costs against Parquet's numpy rows. The ceiling is the core alone over pre-decoded chunks
@@ -35,13 +36,14 @@ import torch
 from handlers.collector import PacedCollector
 from handlers.core import torch_threads
 from handlers.decoding import Payload
-from models.digits.samples import digit_rows, write_jsonl, write_parquet
+from models import registry
 from scripts import cli
 from scripts.archive.core import load_core, malloc_as_lane
 from scripts.bench.pipeline import Timed
 from scripts.bench.report import REPORT, TARGETS, machine, replace_section
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import PREFETCH, JobConfig, JobSummary, run_job
+from scripts.jobs.example import write_example
 from scripts.layout import BUILD, MODEL_STORE, ROOT
 from scripts.server.temporary import temporary_server
 
@@ -72,6 +74,7 @@ class Ceiling(Timed):
 
 @dataclass(frozen=True)
 class BenchResult:
+    model: str
     rows: int
     chunk_size: int
     concurrency: int
@@ -97,7 +100,7 @@ class BenchResult:
         ceiling = self.ceiling.rows_per_second
         return "\n".join(
             [
-                f"{self.rows:,} rows (held-out digits repeated, Parquet), chunks of {self.chunk_size} rows",
+                f"{self.rows:,} rows ({self.model}'s samples repeated, Parquet), chunks of {self.chunk_size} rows",
                 f"  bulk lane ({self.concurrency} chunks in flight): {self.server.rows_per_second:,.0f} rows/s "
                 f"({self.server.seconds:.1f}s, {self.server.predicted:,} results)",
                 f"  in-process, --prefetch 0:        {self.serial.rows_per_second:,.0f} rows/s "
@@ -117,13 +120,13 @@ class BenchResult:
         )
 
 
-def pipeline_ceiling(archive: Path, rows: int, chunk_size: int, workers: int = 1) -> Ceiling:
+def pipeline_ceiling(model: str, archive: Path, rows: int, chunk_size: int, workers: int = 1) -> Ceiling:
     """The core's predict over chunks decoded beforehand, `rows` rows in all: one pass at a time on this process's
     torch threads, or `workers` passes at once on one torch thread each (what an in-process job on the CPU runs,
     scripts/jobs/batch_job.py forward_workers)."""
     with torch_threads(1) if workers > 1 else contextlib.nullcontext():
         core = load_core(archive)
-        instances = digit_rows(chunk_size * CEILING_CHUNKS).instances
+        instances = registry.model(model).samples().request(chunk_size * CEILING_CHUNKS)
         starts = range(0, len(instances), chunk_size)
         chunks = [core.decode(Payload(items=instances[i : i + chunk_size], raw=False)) for i in starts]
         core.predict(chunks[0])  # warm-up
@@ -144,12 +147,12 @@ def pipeline_ceiling(archive: Path, rows: int, chunk_size: int, workers: int = 1
         return Ceiling(done, seconds, threads=torch.get_num_threads(), workers=workers)
 
 
-def ceiling_layouts(archive: Path, rows: int, chunk_size: int) -> dict[int, Ceiling]:
+def ceiling_layouts(model: str, archive: Path, rows: int, chunk_size: int) -> dict[int, Ceiling]:
     """The ceiling in each layout a job can run (one pass on every torch thread; a pass per thread on one each),
     `rows` rows in all, alternated: the bench holds the jobs to the faster."""
     layouts = sorted({1, torch.get_num_threads()})
     share = rows // len(layouts)
-    return {workers: pipeline_ceiling(archive, share, chunk_size, workers) for workers in layouts}
+    return {workers: pipeline_ceiling(model, archive, share, chunk_size, workers) for workers in layouts}
 
 
 @contextmanager
@@ -179,28 +182,28 @@ def count_lines(path: Path) -> int:
         return sum(1 for line in lines if line.strip())
 
 
-def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: Path) -> BenchResult:
-    text = workdir / f"digits-{rows}.jsonl"
+def bench(model: str, rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: Path) -> BenchResult:
+    text = workdir / f"{model}-{rows}.jsonl"
     if not text.exists() or count_lines(text) != rows:
-        write_jsonl(text, digit_rows(rows))
-    source = workdir / f"digits-{rows}.parquet"
+        write_example(model, rows, text)
+    source = workdir / f"{model}-{rows}.parquet"
     if not source.exists() or pq.ParquetFile(source).metadata.num_rows != rows:
-        write_parquet(source, digit_rows(rows))
-    archive = MODEL_STORE / "digits.mar"
+        write_example(model, rows, source)
+    archive = MODEL_STORE / f"{model}.mar"
 
     def job(output: str, input: Path = source, **runner) -> JobSummary:
         """The same rows and chunks each time; `runner` says where they go (a server, or in-process)."""
-        config = JobConfig(model="digits", input=input, output=workdir / output, chunk_size=chunk_size, overwrite=True, **runner)
+        config = JobConfig(model=model, input=input, output=workdir / output, chunk_size=chunk_size, overwrite=True, **runner)
         return run_job(config)
 
-    with temporary_server(archive) as server:
+    with temporary_server(archive, archive.name) as server:
         served = job("bench-server.jsonl", concurrency=concurrency, config=server.config, key_file=server.endpoints.key_file)
     print(served.text(), file=sys.stderr)
-    # From here on this process's malloc is set as digits-bulk's worker sets its own (the ceiling's upper bound, and
+    # From here on this process's malloc is set as the bulk lane's worker sets its own (the ceiling's upper bound, and
     # the in-process jobs after it): with glibc's adaptive threshold the core alone ran at one of two speeds from
     # one run to the next, as its activations were or were not faulted in again each pass.
-    malloc_as_lane(archive, "digits-bulk")
-    before = ceiling_layouts(archive, rows // 2, chunk_size)
+    malloc_as_lane(archive, f"{model}{registry.BULK_SUFFIX}")
+    before = ceiling_layouts(model, archive, rows // 2, chunk_size)
     with peak_rss_growth() as serial_rss:
         serial = job("bench-in-process-serial.jsonl", in_process=True, archive=archive, prefetch=0)
     print(serial.text(), file=sys.stderr)
@@ -210,7 +213,7 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
     with peak_rss_growth() as jsonl_rss:
         from_text = job("bench-in-process-jsonl.jsonl", input=text, in_process=True, archive=archive, prefetch=prefetch)
     print(from_text.text(), file=sys.stderr)
-    after = ceiling_layouts(archive, rows - rows // 2, chunk_size)
+    after = ceiling_layouts(model, archive, rows - rows // 2, chunk_size)
     layouts = {workers: before[workers] + after[workers] for workers in before}
     fastest = max(layouts, key=lambda workers: layouts[workers].rows_per_second)
     ceiling = layouts[fastest]
@@ -223,6 +226,7 @@ def bench(rows: int, chunk_size: int, concurrency: int, prefetch: int, workdir: 
                 f"{summary.output}: {written} results and {summary.failed} errors for {rows} rows; expected one result per row"
             )
     return BenchResult(
+        model,
         rows,
         chunk_size,
         concurrency,
@@ -253,12 +257,14 @@ def write_report(result: BenchResult) -> None:
                 "",
                 f"Measured {date.today().isoformat()} on {machine()}. Figures vary with whatever else runs on the machine.",
                 "",
-                "Input: the rows as Parquet (an `instance` column of 64 ints a row, read as numpy rows), and once more as "
-                "JSONL (one JSON object a line, read and decoded as Python values).",
+                f"Input: {result.model}'s samples repeated (scripts/jobs/example.py) as Parquet (an `instance` column, "
+                "numbers read as numpy rows), and once more as JSONL (one JSON object a line, read and decoded as Python "
+                "values).",
                 "",
                 "| path | rows | rows/s | seconds | results |",
                 "| --- | ---: | ---: | ---: | ---: |",
-                f"| `digits-bulk` lane, chunks of {result.chunk_size}, {result.concurrency} in flight | {result.rows:,} | "
+                f"| `{result.model}-bulk` lane, chunks of {result.chunk_size}, {result.concurrency} in flight | "
+                f"{result.rows:,} | "
                 f"{result.server.rows_per_second:,.0f} | {result.server.seconds:.1f} | {result.server.predicted:,} |",
                 f"| in-process, one thread reads, decodes, runs (`--prefetch 0`), chunks of {result.chunk_size} | "
                 f"{result.rows:,} | {result.serial.rows_per_second:,.0f} | {result.serial.seconds:.1f} | "
@@ -302,6 +308,7 @@ def write_report(result: BenchResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
+    cli.add_model_option(parser)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency)
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-report", action="store_true", help=f"do not write {REPORT.relative_to(ROOT)}")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    result = bench(args.rows, args.chunk_size, args.concurrency, args.prefetch, args.workdir)
+    result = bench(args.model, args.rows, args.chunk_size, args.concurrency, args.prefetch, args.workdir)
     print(result.text())
     if not args.no_report:
         write_report(result)

@@ -15,15 +15,15 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from models import registry
 from scripts import cli
 from scripts.bench.loadgen import Target, closed_loop, wrk_version
-from scripts.layout import BUILD, MODEL_STORE, ROOT
+from scripts.bench.stream import request_body
+from scripts.layout import BUILD, JSON, MODEL_STORE, ROOT
 from scripts.server.temporary import only_lanes_of, serving_in
 
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- bench:front-door:start -->", "<!-- bench:front-door:end -->"
-PNG = ROOT / "tests" / "fixtures" / "digit_7.png"
-BODIES = {"digits": (PNG.read_bytes(), "image/png"), "minilm": (b"A sentence to embed, as a client would send it.", "text/plain")}
 # Goals: what the proxy may add to a lone request's median, and the share of the lanes' rate it must keep.
 ADDED_P50_MS_GOAL = 0.1
 RPS_RATIO_GOAL = 0.95
@@ -38,7 +38,7 @@ def measure(seconds: float, rounds: int, models: list[str]) -> dict:
             door, direct = server.endpoints, server.torchserve_endpoints
             token = door.token("inference")
             for model in models:
-                body, kind = BODIES[model]
+                body, kind = request_body(model), JSON  # the stream bench's one-row body (model.yaml bench.request)
                 paths = {"front door": door.prediction_url(model), "direct": direct.prediction_url(model)}
                 lane: dict = {}
                 for connections in (1, 64):
@@ -108,7 +108,8 @@ def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", nargs="+", default=list(BODIES), choices=list(BODIES))
+    known = sorted(registry.models())
+    parser.add_argument("--models", nargs="+", default=known, choices=known)
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md as it is")
     args = parser.parse_args()
     results = measure(args.seconds, args.rounds, args.models)

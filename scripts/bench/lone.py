@@ -1,6 +1,6 @@
 """Where a lone request's milliseconds go, on its own (scripts/bench/attribution.py says how it splits them).
 
-    python -m scripts.bench.lone [--seconds 6] [--model digits]
+    python -m scripts.bench.lone [--seconds 6] [--model NAME]
 
 A TorchServe with this checkout's config.properties, archive and log settings and a no-op lane with the lane's
 batching beside it; both warmed (3 s at 64 connections), then one connection for `--seconds` on each.
@@ -25,7 +25,7 @@ from scripts.server.temporary import serving_in
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--model", default="digits")
+    cli.add_model_option(parser)
     args = parser.parse_args(argv)
     lane = ServerConfig.read().lane_settings(args.model)[args.model]
     body = request_body(args.model)

@@ -1,13 +1,13 @@
 """What the handler's metrics cost per request on the stream lane, in-process.
 
-    python -m scripts.bench.metrics [--requests 16] [--rounds 20] [--iterations 20]
+    python -m scripts.bench.metrics [--model NAME] [--requests 16] [--rounds 20] [--iterations 20]
 
-Runs the real adapter's handle() on a batch of --requests single PNG digits, as TorchServe's worker would (a real
-ts Context and metrics cache from monitoring/metrics.yaml, metric lines written through a stdout-like logging
-handler), alternately with the metrics on and with no metric handles (the stage clocks still run), and prints the
-median time per request of each and their difference. It also times the metric emission of one batch alone
-(HandlerMetrics.batch), the figure the difference estimates with less noise. Prints only; docs/observability.md
-quotes a run.
+Runs the real adapter's handle() from the model's archive (model_store/<model>.mar) on a batch of --requests
+one-row requests of its samples, as TorchServe's worker would (a real ts Context and metrics cache from
+monitoring/metrics.yaml, metric lines written through a stdout-like logging handler), alternately with the metrics
+on and with no metric handles (the stage clocks still run), and prints the median time per request of each and
+their difference. It also times the metric emission of one batch alone (HandlerMetrics.batch), the figure the
+difference estimates with less noise. Prints only; docs/observability.md quotes a run.
 """
 
 from __future__ import annotations
@@ -17,27 +17,27 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
-import yaml
+import orjson
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 from handlers.core import StageTimes
 from handlers.decoding import read_request
 from handlers.torchserve.torchserve_handler import UnifiedHandler
-from models.digits.archive import artifacts
-from models.digits.samples import grid_png, held_out
+from models import registry
 from scripts import cli
-from scripts.layout import BUILD, ROOT
+from scripts.archive.reader import MarFile
+from scripts.layout import MODEL_STORE
 from scripts.server.config import ServerConfig
 
 
-def context(model_dir: Path, requests: int) -> Context:
+def context(model: str, model_dir: Path, config: dict[str, Any], requests: int) -> Context:
     metrics = MetricsCacheYamlImpl(config_file_path=str(ServerConfig.read().metrics_config))
     metrics.initialize_cache()
-    config = yaml.safe_load((ROOT / "models" / "digits" / "model-config.yaml").read_text())
-    manifest = {"model": {"modelName": "digits"}}
-    ctx = Context("digits", str(model_dir), manifest, 16, None, "0.12.0", metrics=metrics, model_yaml_config=config)
+    manifest = {"model": {"modelName": model}}
+    ctx = Context(model, str(model_dir), manifest, 16, None, "0.12.0", metrics=metrics, model_yaml_config=config)
     ctx.request_processor = [RequestProcessor({}) for _ in range(requests)]
     ctx.request_ids = {index: f"request-{index}" for index in range(requests)}
     metrics.request_ids = ctx.request_ids
@@ -56,15 +56,21 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16, help="requests in one TorchServe batch (the stream lane's batchSize)")
     parser.add_argument("--rounds", type=int, default=20, help="alternating rounds of each variant")
     parser.add_argument("--iterations", type=int, default=20, help="handle() calls per round")
+    cli.add_model_option(parser)
     args = parser.parse_args()
+    mar = MarFile(MODEL_STORE / f"{args.model}.mar")
+    with mar.unpacked() as model_dir:
+        return run(args, model_dir, mar.model_config())
+
+
+def run(args, model_dir: Path, config: dict[str, Any]) -> int:
 
     # The worker logs "%(message)s" at INFO to its stdout, which the frontend reads: write the metric lines alike.
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     logging.basicConfig(stream=sink, format="%(message)s", level=logging.INFO, force=True)
-    model_dir = artifacts("1.0", BUILD)[0].parent
-    grids, _ = held_out(args.requests)
-    data = [{"body": bytearray(grid_png(grid))} for grid in grids]
-    ctx = context(model_dir, len(data))
+    samples = registry.model(args.model).samples().request(args.requests)
+    data = [{"body": bytearray(orjson.dumps({"instances": [sample]}))} for sample in samples]
+    ctx = context(args.model, model_dir, config, len(data))
     with_metrics, without_metrics = UnifiedHandler(), UnifiedHandler()
     with_metrics.initialize(ctx)
     without_metrics.initialize(ctx)
@@ -89,7 +95,7 @@ def main() -> int:
     on_us, off_us, emit_us = statistics.median(on), statistics.median(off), statistics.median(emissions)
     paired = sorted(a - b for a, b in zip(on, off, strict=True))
     low, high = paired[len(paired) // 4], paired[3 * len(paired) // 4]
-    print(f"handle() on {len(data)} PNG requests, median of {args.rounds} rounds x {args.iterations} batches:")
+    print(f"handle() on {len(data)} one-row {args.model} requests, median of {args.rounds} rounds x {args.iterations} batches:")
     print(f"  metrics on   {on_us:8.1f} us per request")
     print(f"  metrics off  {off_us:8.1f} us per request")
     print(f"  difference   {on_us - off_us:8.1f} us per request ({(on_us - off_us) / off_us:+.1%})")

@@ -1,12 +1,13 @@
 """The first seconds after a hot-swap, with and without the new version's warm-up (scripts/swap/hot_swap.py).
 
-    python -m scripts.bench.swap_ramp [--swaps 4 | --order on off off on] [--runs 4] [--seconds 2] [--connections 64]
-                                      [--after-swap]
+    python -m scripts.bench.swap_ramp [--model NAME] [--swaps 4 | --order on off off on] [--runs 4] [--seconds 2]
+                                      [--connections 64] [--after-swap]
 
-One TorchServe with the digits lanes, warmed as `make serve` warms it; then swaps back and forth between
-digits 1.0 and 2.0, the warm-up off and on in the order off, on, on, off (and so on), each swap running in a
-thread: the moment the digits lane's set-default returns, `--runs` back-to-back wrk runs of `--seconds` at
-`--connections` start on /predictions/digits (the same invocation every time), while the swap drains and
+One TorchServe with the model's lanes, warmed as `make serve` warms it; then swaps back and forth between its
+1.0 and 2.0 (model_store/<model>.mar and <model>-2.0.mar: `make archive VERSION=2.0`), the warm-up off and on in
+the order off, on, on, off (and so on), each swap running in a thread: the moment the stream lane's set-default
+returns, `--runs` back-to-back wrk runs of `--seconds` at `--connections` start on /predictions/<model> (the same
+invocation every time), while the swap drains and
 unregisters the old version (with --after-swap: once the swap has returned, the old version gone). Printed: each
 run's req/s and p99, and the first run's rate as a fraction of the mean of the swap's later runs and of the warm
 server's rate before any swap. docs/benchmarks.md ("Warm-up") quotes runs.
@@ -18,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from models import registry
 from scripts import cli
 from scripts.bench import loadgen
 from scripts.bench.stream import request_body
@@ -27,7 +29,7 @@ from scripts.server.temporary import only_lanes_of, serving_in
 from scripts.server.warmup import warm_up
 from scripts.swap.hot_swap import Swapper, SwapReport
 
-ARCHIVES = ("digits.mar", "digits-2.0.mar")
+VERSIONS = ("", "-2.0")  # <model>.mar (1.0) and <model>-2.0.mar
 
 
 def gate_order(swaps: int) -> list[bool]:
@@ -42,21 +44,28 @@ def first_to_later(rates: list[float]) -> float:
 
 
 def swap_under_load(
-    swapper: Swapper, mar: Path, target: loadgen.Target, runs: int, seconds: float, connections: int, after: bool = False
+    swapper: Swapper,
+    model: str,
+    mar: Path,
+    target: loadgen.Target,
+    runs: int,
+    seconds: float,
+    connections: int,
+    after: bool = False,
 ):
-    """Swap to `mar` in a thread; once the digits lane's default moved (`after`: once the swap returned), `runs` wrk
+    """Swap `model` to `mar` in a thread; once its stream lane's default moved (`after`: once the swap returned), `runs` wrk
     runs. Returns (report, runs)."""
     moved = threading.Event()
     outcome: dict[str, SwapReport | BaseException] = {}
 
     def log(line: str) -> None:
         print(f"  {line}", flush=True)
-        if line.startswith("digits: default is now"):
+        if line.startswith(f"{model}: default is now"):
             moved.set()
 
     def swap() -> None:
         try:
-            outcome["report"] = swapper.swap("digits", mar, record=False)
+            outcome["report"] = swapper.swap(model, mar, record=False)
         except BaseException as error:  # noqa: BLE001 - handed to the main thread
             outcome["error"] = error
         moved.set()
@@ -85,15 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-seconds", type=float, default=8.0, help="the swap's warm-up bound when it is on")
     parser.add_argument("--after-swap", action="store_true", help="start the runs once the swap returned")
     parser.add_argument("--order", nargs="*", choices=["on", "off"], help="the warm-up per swap (default: off on on off ...)")
+    cli.add_model_option(parser)
     args = parser.parse_args(argv)
+    model = registry.model(args.model)
+    names = [f"{model.name}{version}.mar" for version in VERSIONS]
     with tempfile.TemporaryDirectory(prefix="swap-ramp-") as folder:
-        archives = {name: MODEL_STORE / name for name in ARCHIVES}
-        with serving_in(Path(folder), archives, only_lanes_of("digits.mar")) as server:
+        archives = {name: MODEL_STORE / name for name in names}
+        with serving_in(Path(folder), archives, only_lanes_of(names[0])) as server:
             endpoints = server.endpoints
-            warmed = warm_up(endpoints, ["digits", "digits-bulk"])
+            warmed = warm_up(endpoints, model.lane_names)
             print(f"server warm-up: {sum(w.requests for w in warmed):,} requests", flush=True)
-            url, token = endpoints.prediction_url("digits"), endpoints.token("inference")
-            target = loadgen.Target(url, request_body("digits"), JSON, token)
+            url, token = endpoints.prediction_url(model.name), endpoints.token("inference")
+            target = loadgen.Target(url, request_body(model.name), JSON, token)
             steady = loadgen.closed_loop(target, args.connections, args.seconds)
             print(f"before any swap: {steady.rps:,.0f} req/s, p99 {steady.p99_ms:.1f} ms", flush=True)
             swapper = Swapper(endpoints, server.config, server.model_store)
@@ -101,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             order = [word == "on" for word in args.order] if args.order else gate_order(args.swaps)
             for index, gated in enumerate(order):
                 swapper.warm_seconds = args.warm_seconds if gated else 0.0
-                mar = server.model_store / ARCHIVES[(index + 1) % 2]
+                mar = server.model_store / names[(index + 1) % 2]
                 print(f"swap {index + 1} to {mar.name}, warm-up {'on' if gated else 'off'}:", flush=True)
                 report, results = swap_under_load(
-                    swapper, mar, target, args.runs, args.seconds, args.connections, args.after_swap
+                    swapper, model.name, mar, target, args.runs, args.seconds, args.connections, args.after_swap
                 )
-                warm = next((w for w in report.warmups if w.lane == "digits"), None)
+                warm = next((w for w in report.warmups if w.lane == model.name), None)
                 rates = [r.rps for r in results]
                 line = " | ".join(f"{r.rps:,.0f} req/s, p99 {r.p99_ms:.1f}" for r in results)
                 print(

@@ -182,15 +182,16 @@ class SoakReport:
         return found + self.traffic.problems()
 
     def table(self) -> str:
+        width = max([12, *(len(p.role) for p in self.processes)])
         lines = [
-            f"{'process':12} {'pid':>7}  {'RSS start':>9} {'end':>7} {'growth':>7} {'bound':>6} {'peak':>7}  "
+            f"{'process':{width}} {'pid':>7}  {'RSS start':>9} {'end':>7} {'growth':>7} {'bound':>6} {'peak':>7}  "
             f"{'fds start':>9} {'end':>4} {'bound':>5}  verdict",
         ]
         for p in self.processes:
             end_rss, end_fds = (f"{p.end.rss_mib:7.1f}", f"{p.end.fds:4d}") if p.end else ("      -", "   -")
             verdict = "ok" if not p.problems() else "FAIL"
             lines.append(
-                f"{p.role:12} {p.pid:7d}  {p.start.rss_mib:9.1f} {end_rss} {p.rss_growth_mib:+7.1f} "
+                f"{p.role:{width}} {p.pid:7d}  {p.start.rss_mib:9.1f} {end_rss} {p.rss_growth_mib:+7.1f} "
                 f"{p.bound.allowed_rss_mib(p.start.rss_mib):6.0f} {p.peak_rss_mib:7.1f}  {p.start.fds:9d} {end_fds} "
                 f"{'+' + str(p.bound.fds):>5}  {verdict}"
             )

@@ -59,9 +59,10 @@ def serving_in(
 
 @contextlib.contextmanager
 def temporary_server(
-    archive: Path, name: str = "digits.mar", overrides: dict[str, str] | None = None, front_door: bool = False
+    archive: Path, name: str, overrides: dict[str, str] | None = None, front_door: bool = False
 ) -> Iterator[Server]:
-    """Serve `archive` as model_store/`name` under the lanes config.properties gives that file (and no others)."""
+    """Serve `archive` as model_store/`name` (<model>.mar) under the lanes config.properties gives that file (and no
+    others)."""
     with tempfile.TemporaryDirectory(prefix="torchserve-") as folder:
         lanes = {**only_lanes_of(name), **(overrides or {})}
         with serving_in(Path(folder), {name: archive}, lanes, front_door=front_door) as server:

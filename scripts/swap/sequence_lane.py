@@ -53,7 +53,7 @@ def write_sequence_archive(source: Path, target: Path) -> Path:
     return write_variant(source, target, {}, SEQUENCE_CONFIG)
 
 
-def add_sequence_lane(endpoints: Endpoints, model_store: Path, model: str = "digits") -> str:
+def add_sequence_lane(endpoints: Endpoints, model_store: Path, model: str) -> str:
     """Build `<model>-seq.mar` next to `<model>.mar` in `model_store` and register it; returns the lane name."""
     source = model_store / f"{model}.mar"
     if not source.exists():
@@ -67,7 +67,7 @@ def add_sequence_lane(endpoints: Endpoints, model_store: Path, model: str = "dig
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--model", default="digits", help="the archive model_store/<model>.mar to serve statefully")
+    cli.add_model_option(parser, "the archive model_store/<model>.mar to serve statefully")
     parser.add_argument("--model-store", type=Path, default=MODEL_STORE)
     cli.add_server_options(parser)
     args = parser.parse_args()

@@ -74,7 +74,7 @@ def test_a_bad_token_and_an_unknown_model_are_errors(digits_server, grpc_client)
 @pytest.fixture(scope="module")
 def sequence_lane(digits_server):
     """digits-seq: the digits archive with sequence batching, registered on the session server for this module."""
-    lane = add_sequence_lane(digits_server.endpoints, digits_server.model_store)
+    lane = add_sequence_lane(digits_server.endpoints, digits_server.model_store, "digits")
     yield lane
     api = ManagementApi(digits_server.endpoints)
     for state in api.versions(lane):

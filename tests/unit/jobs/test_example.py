@@ -15,16 +15,19 @@ from scripts.jobs.inputs import open_input
 MODELS = sorted(registry.models())
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
 @pytest.mark.parametrize("model", MODELS)
-def test_an_example_job_cycles_the_models_samples_and_reads_back_as_a_job_input(model, tmp_path):
+def test_an_example_job_cycles_the_models_samples_and_reads_back_as_a_job_input(model, suffix, tmp_path):
     samples = registry.model(model).samples().instances
     rows = len(samples) + 3
-    path = write_example(model, rows, tmp_path / "example.jsonl")
-    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
-    assert [line["instance"] for line in lines] == [samples[i % len(samples)] for i in range(rows)]
-    assert [line["id"] for line in lines] == [f"{model}-{i}" for i in range(rows)]
+    path = write_example(model, rows, tmp_path / f"example{suffix}")
     read = [row for chunk in open_input(path).chunks(4) for row in chunk.rows_with_instances()]
-    assert [row.id for row in read] == [line["id"] for line in lines]
+    assert [str(row.id) for row in read] == [f"{model}-{i}" for i in range(rows)]
+    instances = [row.instance.tolist() if hasattr(row.instance, "tolist") else row.instance for row in read]
+    assert instances == [samples[i % len(samples)] for i in range(rows)]
+    if suffix == ".jsonl":
+        lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        assert [line["instance"] for line in lines] == instances
 
 
 def test_the_clients_send_a_sample_of_the_lanes_model():
