@@ -48,8 +48,11 @@ MATCHERS = ("equal", "close", "cosine")
 # of the field runs with ({peer key: index into its candidates}, the best of the last `make bench-sweep`; a peer
 # not named runs its first candidate); request, the index of the sample the stream bench sends as its one-row body
 # (default 0); stream_goals and field_goals, the targets its figures are checked against (ratios lane / other in one
-# run, ms and B upper bounds; a goal not named is not checked for this model).
-BENCH_KEYS = {"peers", "request", "stream_goals", "field_goals"}
+# run, ms and B upper bounds; a goal not named is not checked for this model); job, what sizes the batch jobs the
+# benches run: rows_per_s, the model's bulk job alone on this 2-core machine (docs/benchmarks.md), and chunk_size,
+# the rows of each request a job sends its bulk lane (scripts/bench/beside.py).
+BENCH_KEYS = {"peers", "request", "stream_goals", "field_goals", "job"}
+JOB_DEFAULTS = {"rows_per_s": 100, "chunk_size": 32}
 GOALS = {
     "stream_goals": {
         "p50_over_flask_ms", "p50_over_floor_ms", "rate_over_flask_mid", "share_of_cpu_limit_top", "rate_over_flask_top",
@@ -246,6 +249,12 @@ def lane(name: str) -> tuple[Model, Lane]:
     raise RegistryError(f"no model serves lane {name!r}; the lanes are {known}")
 
 
+def add_model_option(parser, help: str = "a model in models/") -> None:
+    """--model on an argparse parser: one of the models found (default: the first, as `make`'s MODEL)."""
+    known = sorted(models())
+    parser.add_argument("--model", default=known[0], choices=known, help=f"{help} (default %(default)s)")
+
+
 def lanes() -> list[Lane]:
     return [lane for found in models().values() for lane in found.lanes]
 
@@ -322,7 +331,14 @@ def _bench(bench: Any, where: Path) -> dict[str, Any]:
                 f"the goals are {', '.join(sorted(known))}"
             )
         goals[key] = dict(declared)
-    return {"peers": dict(peers), "request": request, **goals}
+    job = bench.get("job") or {}
+    if (
+        not isinstance(job, Mapping)
+        or set(job) - set(JOB_DEFAULTS)
+        or not all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in job.values())
+    ):
+        raise RegistryError(f"{where}: bench.job takes {', '.join(JOB_DEFAULTS)}, each a positive integer, got {job!r}")
+    return {"peers": dict(peers), "request": request, **goals, "job": {**JOB_DEFAULTS, **job}}
 
 
 @functools.lru_cache(maxsize=16)

@@ -25,14 +25,6 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key-file", type=Path, default=KEY_FILE, help="TorchServe's key_file.json (default: repository root)")
 
 
-def add_model_option(parser: argparse.ArgumentParser, help: str = "a model in models/") -> None:
-    """--model: one of the models in models/ (default: the first, as `make`'s MODEL)."""
-    from models import registry
-
-    known = sorted(registry.models())
-    parser.add_argument("--model", default=known[0], choices=known, help=f"{help} (default %(default)s)")
-
-
 def run(main: Callable[[], int | None], prefix: str = "error") -> None:
     """Call a command's main() and exit with its status; a typed error becomes one line on stderr and status 1."""
     try:

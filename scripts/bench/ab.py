@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
@@ -67,7 +68,7 @@ def with_code_from(archive: Path, revision: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     parser.add_argument("--set", nargs="+", default=[], metavar="KEY=YAML", help="handler settings of lane B")
     parser.add_argument("--code-from", metavar="REV", help="lane B runs the handler code of this git revision")
     parser.add_argument("--connections", nargs="+", type=int, default=[1, 4, 64])

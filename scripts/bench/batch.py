@@ -308,7 +308,7 @@ def write_report(result: BenchResult) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=JobConfig.concurrency)

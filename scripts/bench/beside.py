@@ -4,12 +4,13 @@ capacity); the job's rows/s alone, beside the traffic, and against what the traf
 alone, read from /proc); the job alone against the same job with the mechanism off; how long a bulk lane keeps the
 CPU after a stream lane wants it. Writes its section of docs/benchmarks.md and docs/bench/beside-<model>.png.
 
-    python -m scripts.bench.beside [--quick] [--models digits minilm] [--no-report]
+    python -m scripts.bench.beside [--quick] [--models NAME ...] [--no-report]   # default: every model
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -29,14 +30,14 @@ from handlers.decoding import Payload
 from handlers.lane_signal import LaneSignal
 from handlers.priority import GOMP_SPINCOUNT, OMP_WAIT_POLICY
 from handlers.yielding import YieldingPasses
-from models.digits.samples import digit_rows
-from models.minilm.samples import varied_sentences
+from models import registry
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
 from scripts.bench.report import machine, replace_section
 from scripts.bench.stream import request_body
+from scripts.jobs.example import write_example
 from scripts.layout import MODEL_STORE, ROOT
 from scripts.server.temporary import only_lanes_of, serving_in
 from scripts.swap.management import ManagementApi
@@ -58,7 +59,9 @@ class Plan:
     seconds: float = 5.0
     warmup: float = 1.0
     job_seconds: float = 10.0  # the job alone, no traffic
-    job_rows: tuple[tuple[str, int], ...] = (("digits", 3_000_000), ("minilm", 30_000))  # long: no restart (start-up is seconds)
+    # The long job's length at the model's rate alone (model.yaml bench.job.rows_per_s): long enough to run through
+    # every point without a restart (a restart's start-up, seconds without rows, would read as the job starved).
+    long_job_s: float = 300.0
     probe_seconds: float = 4.0
     # Alone and beside alternate this many times at each load (the job paused, then resumed): a shared machine's
     # speed drifts by more than the targets' 10-20% over the minutes a model's points take, so each ratio compares
@@ -67,18 +70,21 @@ class Plan:
 
     # A short job per condition run to its end beside 4 connections, its output checked: every row exactly once (the
     # long ones above are stopped when the points are done).
-    checked_rows: tuple[tuple[str, int], ...] = (("digits", 50_000), ("minilm", 200))
+    checked_job_s: float = 3.0
 
     def rows(self, model: str) -> int:
-        return dict(self.job_rows)[model]
+        return math.ceil(job_rate(model) * self.long_job_s)
 
     def check_rows(self, model: str) -> int:
-        return dict(self.checked_rows)[model]
+        return math.ceil(job_rate(model) * self.checked_job_s)
 
 
-QUICK = Plan(
-    seconds=2.0, warmup=0.5, job_seconds=5.0, job_rows=(("digits", 1_000_000), ("minilm", 8_000)), probe_seconds=2.0, repeats=2
-)
+QUICK = Plan(seconds=2.0, warmup=0.5, job_seconds=5.0, long_job_s=75.0, probe_seconds=2.0, repeats=2)
+
+
+def job_rate(model: str) -> int:
+    """Rows/s of the model's bulk job alone here (model.yaml bench.job.rows_per_s): what sizes its jobs."""
+    return registry.model(model).bench["job"]["rows_per_s"]
 
 
 @dataclass
@@ -136,28 +142,10 @@ def mean_point(runs: list[Point]) -> Point:
 # -- the job ---------------------------------------------------------------------------------------------
 
 
-# Distinct rows a job's input is made of, repeated (with their own ids) up to the plan's rows: digit_rows takes a
-# while per row, and a job long enough to run through every point is never restarted during one (a restart's
-# start-up, seconds without rows, would read as the job starved).
-DISTINCT_ROWS = 200_000
-
-
 def job_input(model: str, rows: int, folder: Path) -> Path:
-    import pyarrow as pa
-
+    """`rows` rows of the model's samples, repeated with their own ids, as Parquet (scripts/jobs/example.py)."""
     path = folder / f"{model}-{rows}.parquet"
-    if path.exists():
-        return path
-    distinct = min(rows, DISTINCT_ROWS)
-    if model == "digits":
-        instances = digit_rows(distinct).instances
-    else:
-        sentences = [s for s in varied_sentences(4 * distinct) if len(s.split()) <= 30]
-        instances = [sentences[i % len(sentences)] for i in range(distinct)]
-    picked = [instances[i % distinct] for i in range(rows)]
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"id": [f"{model}-{n}" for n in range(rows)], "instance": picked}), path)
-    return path
+    return path if path.exists() else write_example(model, rows, path)
 
 
 class JobLoop:
@@ -370,7 +358,7 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
     source = job_input(model, plan.rows(model), workdir)
     checked = job_input(model, plan.check_rows(model), workdir)
     body = request_body(model)
-    server_job = ["--chunk-size", "1000" if model == "digits" else "32"]
+    server_job = ["--chunk-size", str(registry.model(model).bench["job"]["chunk_size"])]
     archives = {f"{model}.mar": MODEL_STORE / f"{model}.mar"}
     # The mechanism off (lanes interactive, no yield, OpenMP's default wait, the job at normal priority: what the bulk
     # lane ran at before), served beside from the start so that its job and the real one alternate.
@@ -462,8 +450,8 @@ while time.monotonic() < deadline:
         time.sleep(random.uniform(0.005, 0.015))
     time.sleep(random.uniform(0.002, 0.020))
 """
-# Rows of one bulk request in the hold measurement: a few seconds of work at most, so it ends soon after the raisers.
-HOLD_ROWS = {"digits": 4096, "minilm": 96}
+# Seconds of work (at the model's job rate) in one bulk request of the hold measurement: it ends soon after the raisers.
+HOLD_S = 0.5
 RAISERS = 2  # two stream workers, rising independently: one rises while the other's rise has cut the passes
 
 BUSY = """
@@ -475,20 +463,16 @@ if sys.argv[3] == "idle":
     enter_background()
 core = load_core(__import__("pathlib").Path(sys.argv[1]))
 core.run_passes_at_once(2)
-rows = bulk_rows(core, int(sys.argv[4]))
+rows = bulk_rows(sys.argv[5], core, int(sys.argv[4]))
 deadline = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < deadline:
     core.predict(rows)
 """
 
 
-def bulk_rows(core, count: int) -> list:
-    """`count` decoded rows of the core's task, as a bulk request's would be."""
-    if core.settings.task == "digit_classification":
-        items = digit_rows(count).instances
-    else:
-        items = [varied_sentences(64)[i % 64] for i in range(count)]
-    return core.decode(Payload(items, raw=False))
+def bulk_rows(model: str, core, count: int) -> list:
+    """`count` decoded rows of the model's samples, as a bulk request's would be."""
+    return core.decode(Payload(registry.model(model).samples().request(count), raw=False))
 
 
 @dataclass
@@ -505,8 +489,8 @@ def holds(model: str, plan: Plan) -> HoldResult:
     archive = MODEL_STORE / f"{model}.mar"
     core = load_core(archive)
     core.run_passes_at_once(2)
-    count = HOLD_ROWS[model]
-    rows = bulk_rows(core, count)
+    count = max(4, math.ceil(job_rate(model) * HOLD_S))
+    rows = bulk_rows(model, core, count)
     with tempfile.TemporaryDirectory(prefix="signal-") as folder:
         yielding = YieldingPasses(LaneSignal("cpu", Path(folder)), core.settings.max_batch_rows * 2, on_cpu=True)
         core.yielding = yielding
@@ -518,7 +502,7 @@ def holds(model: str, plan: Plan) -> HoldResult:
     stats = yielding.stats
     wake = {"nothing beside": _wakeups(plan.probe_seconds)}
     for priority in ("normal", "idle"):
-        command = [sys.executable, "-c", BUSY, str(archive), str(plan.probe_seconds + 3), priority, str(count)]
+        command = [sys.executable, "-c", BUSY, str(archive), str(plan.probe_seconds + 3), priority, str(count), model]
         busy = subprocess.Popen(command, cwd=ROOT)
         time.sleep(2.5)  # the core loaded and running
         wake[f"bulk core at {priority}"] = _wakeups(plan.probe_seconds)
@@ -685,7 +669,8 @@ def _errors(point: Point) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--quick", action="store_true", help="2 s a point, smaller jobs")
-    parser.add_argument("--models", nargs="+", default=["digits", "minilm"])
+    known = sorted(registry.models())
+    parser.add_argument("--models", nargs="+", default=known, choices=known)
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md as it is")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()

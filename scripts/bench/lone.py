@@ -12,6 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from models import registry
 from scripts import cli
 from scripts.bench import loadgen
 from scripts.bench.attribution import lone_request, table
@@ -25,7 +26,7 @@ from scripts.server.temporary import serving_in
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--seconds", type=float, default=6.0)
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     args = parser.parse_args(argv)
     lane = ServerConfig.read().lane_settings(args.model)[args.model]
     body = request_body(args.model)

@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=16, help="requests in one TorchServe batch (the stream lane's batchSize)")
     parser.add_argument("--rounds", type=int, default=20, help="alternating rounds of each variant")
     parser.add_argument("--iterations", type=int, default=20, help="handle() calls per round")
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     args = parser.parse_args()
     mar = MarFile(MODEL_STORE / f"{args.model}.mar")
     with mar.unpacked() as model_dir:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--warm", action="store_true", help="warm up as `make serve` does before the first run")
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     args = parser.parse_args(argv)
     model = registry.model(args.model)
     with tempfile.TemporaryDirectory(prefix="ramp-") as folder:

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-seconds", type=float, default=8.0, help="the swap's warm-up bound when it is on")
     parser.add_argument("--after-swap", action="store_true", help="start the runs once the swap returned")
     parser.add_argument("--order", nargs="*", choices=["on", "off"], help="the warm-up per swap (default: off on on off ...)")
-    cli.add_model_option(parser)
+    registry.add_model_option(parser)
     args = parser.parse_args(argv)
     model = registry.model(args.model)
     names = [f"{model.name}{version}.mar" for version in VERSIONS]

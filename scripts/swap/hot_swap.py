@@ -26,6 +26,7 @@ from pathlib import Path
 
 import requests
 
+from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.clients.load import send_concurrently
@@ -251,7 +252,7 @@ class Swapper:
 def main(argv: list[str] | None = None) -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("action", choices=["swap", "rollback"])
-    cli.add_model_option(parser, "the model (its stream lane's name); its -bulk lane swaps with it")
+    registry.add_model_option(parser, "the model (its stream lane's name); its -bulk lane swaps with it")
     parser.add_argument("--mar", type=Path, help="swap: the new archive, in the model store (model_store/<model>-<version>.mar)")
     parser.add_argument(
         "--warm-up-seconds", type=float, default=8.0, help="the most the new version's warm-up may take per lane (0: none)"

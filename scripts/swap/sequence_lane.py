@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
@@ -67,7 +68,7 @@ def add_sequence_lane(endpoints: Endpoints, model_store: Path, model: str) -> st
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
-    cli.add_model_option(parser, "the archive model_store/<model>.mar to serve statefully")
+    registry.add_model_option(parser, "the archive model_store/<model>.mar to serve statefully")
     parser.add_argument("--model-store", type=Path, default=MODEL_STORE)
     cli.add_server_options(parser)
     args = parser.parse_args()

@@ -123,10 +123,13 @@ LANE = (
 @pytest.mark.parametrize(
     ("bench", "message"),
     [
-        ("bench:\n  peer: {flask: 1}", "bench: takes field_goals, peers, request, stream_goals only"),
+        ("bench:\n  peer: {flask: 1}", "bench: takes field_goals, job, peers, request, stream_goals only"),
         ("bench:\n  stream_goals: {p99_top: 40}", "bench.stream_goals maps goals to numbers; unknown or not a number: p99_top"),
         ("bench:\n  peers: {flask: -1}", "bench.peers maps a peer's key to an index into its candidates"),
         ("bench:\n  request: first", "bench.request is the index of a sample in samples.json"),
+        ("bench:\n  job: {rows_per_s: 0}", "bench.job takes rows_per_s, chunk_size, each a positive integer"),
+        ("soak: {connection: 2}", "soak: takes connections, job_rows only, each a positive integer"),
+        ("soak: {job_rows: many}", "soak: takes connections, job_rows only, each a positive integer"),
     ],
 )
 def test_a_bench_key_that_cannot_be_read_is_refused_naming_it(tmp_path, bench, message):
@@ -134,6 +137,14 @@ def test_a_bench_key_that_cannot_be_read_is_refused_naming_it(tmp_path, bench, m
     (folder / registry.MODEL_FILE).write_text(f"lanes:\n{LANE}\n{bench}\n")
     with pytest.raises(registry.RegistryError, match=message):
         registry.discover(tmp_path)
+
+
+def test_bench_job_and_soak_take_their_defaults_where_a_folder_leaves_them_out(tmp_path):
+    folder = copy_of("digits", tmp_path)
+    (folder / registry.MODEL_FILE).write_text(f"lanes:\n{LANE}\nbench:\n  job: {{chunk_size: 8}}\n")
+    found = registry.discover(tmp_path)["digits"]
+    assert found.bench["job"] == {**registry.JOB_DEFAULTS, "chunk_size": 8}
+    assert found.soak == registry.SOAK_DEFAULTS
 
 
 def test_a_bench_request_past_the_samples_is_a_problem_with_their_count(tmp_path):
