@@ -201,6 +201,24 @@ def pick(value: Any, path: str) -> Any:
     return value
 
 
+def largest_difference(served: Any, expected: Any) -> float:
+    """The largest absolute difference between the numbers of two answers of the same shape; inf where their shapes,
+    keys or any non-number (a label's name) differ."""
+    if isinstance(served, bool) or isinstance(expected, bool):
+        return 0.0 if served == expected else math.inf
+    if isinstance(served, int | float) and isinstance(expected, int | float):
+        return abs(float(served) - float(expected))
+    if isinstance(served, Mapping) and isinstance(expected, Mapping):
+        if served.keys() != expected.keys():
+            return math.inf
+        return max((largest_difference(served[key], expected[key]) for key in served), default=0.0)
+    if isinstance(served, list | tuple) and isinstance(expected, list | tuple):
+        if len(served) != len(expected):
+            return math.inf
+        return max((largest_difference(a, b) for a, b in zip(served, expected, strict=True)), default=0.0)
+    return 0.0 if served == expected else math.inf
+
+
 def _close(served: Any, expected: Any, tolerance: float) -> bool:
     if isinstance(expected, list):
         if not isinstance(served, list) or len(served) != len(expected):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import time
@@ -267,30 +266,12 @@ def check_served_archives(podman: Podman, container: Container, figures: Figures
             raise ImageTestError(f"{name}: HTTP {reply.status_code} {reply.text[:500]}")
         served = reply.json()["predictions"][0]
         expected = InProcessRunner(load_core(tested), tested).send([instance]).body["predictions"][0]
-        difference = figures.served_vs_in_process[name] = largest_difference(served, expected)
+        difference = figures.served_vs_in_process[name] = registry.largest_difference(served, expected)
         if not difference <= SERVED_TOLERANCE:
             raise ImageTestError(
                 f"{name}: the container's answer to sample 0 differs from the in-process core's by {difference:.3g} "
                 f"(allowed {SERVED_TOLERANCE}): {str(served)[:200]} against {str(expected)[:200]}"
             )
-
-
-def largest_difference(served, expected) -> float:
-    """The largest absolute difference between the numbers of two answers of the same shape; inf where their
-    shapes, keys or any non-number (a label's name) differ."""
-    if isinstance(served, bool) or isinstance(expected, bool):
-        return 0.0 if served == expected else math.inf
-    if isinstance(served, int | float) and isinstance(expected, int | float):
-        return abs(float(served) - float(expected))
-    if isinstance(served, dict) and isinstance(expected, dict):
-        if served.keys() != expected.keys():
-            return math.inf
-        return max((largest_difference(served[key], expected[key]) for key in served), default=0.0)
-    if isinstance(served, list) and isinstance(expected, list):
-        if len(served) != len(expected):
-            return math.inf
-        return max((largest_difference(a, b) for a, b in zip(served, expected, strict=True)), default=0.0)
-    return 0.0 if served == expected else math.inf
 
 
 def survive_key_expiry(podman: Podman, container: Container, figures: Figures) -> None:

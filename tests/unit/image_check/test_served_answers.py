@@ -1,11 +1,13 @@
-"""The image test compares each model's answer in the container with the in-process core's on the same archive
-(scripts/image_check/image_test.py): every number within the tolerance, everything else exactly."""
+"""The image test and the formats bench compare answers with models/registry.largest_difference (the container's
+with the in-process core's on the same archive; each format's with the fp32 export's): every number within a
+tolerance, everything else exactly."""
 
 from __future__ import annotations
 
 import math
 
-from scripts.image_check.image_test import SERVED_TOLERANCE, largest_difference
+from models.registry import largest_difference
+from scripts.image_check.image_test import SERVED_TOLERANCE
 
 
 def test_numbers_anywhere_in_an_answer_are_compared_and_the_rest_must_be_equal():
