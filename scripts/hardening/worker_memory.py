@@ -195,7 +195,8 @@ def probes_for(limits: Limits) -> list[Probe]:
     """The lane's task's worst cases, then those every lane shares."""
     if limits.task not in TASK_PROBES:
         raise ScriptError(f"no worst-case requests for task {limits.task!r}: add its probes to TASK_PROBES ({__file__})")
-    shared = [Probe(limits.lane, "max_request_size of {} (413 on its size)", lambda limit: fill(limit, b"{}"), JSON)]
+    refused = "413 on its size" if limits.bytes is not None and limits.bytes < limits.request_size else "parsed, then 413 on rows"
+    shared = [Probe(limits.lane, f"max_request_size of {{}} ({refused})", lambda limit: fill(limit, b"{}"), JSON)]
     if limits.bytes is not None and limits.bytes < limits.request_size:
         shared.append(
             Probe(limits.lane, "max_request_bytes of {} (parsed, then 413 on rows)", lambda _: fill(limits.bytes, b"{}"), JSON)
