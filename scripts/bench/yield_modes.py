@@ -5,7 +5,8 @@
 One TorchServe with the model's lanes; wrk on its stream lane, closed loop, alone, then beside a job (a separate
 process at SCHED_IDLE running the model's core over its samples, two passes at once) that ignores the stream lanes'
 signal, that calls sched_yield between 1 ms passes while the signal is raised (the CPU path of handlers/yielding.py),
-and that pauses while it is raised (its GPU path), then alone again. Prints p50 / p99 / req/s and the job's rows/s.
+and that pauses while it is raised (its GPU path); then, instead of a job, a bare loop on each CPU at idle priority (no
+memory traffic); then alone again. Prints p50 / p99 / req/s and the job's rows/s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from scripts.bench.stream import request_body
 from scripts.layout import JSON, MODEL_STORE, ROOT
 from scripts.server.temporary import only_lanes_of, serving_in
 
-MODES = ("alone", "ignores", "sched_yield", "pauses", "alone")
+MODES = ("alone", "ignores", "sched_yield", "pauses", "spins", "alone")
 JOB = """
 import sys, time
 from handlers.priority import enter_background
@@ -35,6 +36,16 @@ from handlers.yielding import YieldingPasses
 from models import registry
 from scripts.archive.core import load_core
 model, mode, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if mode == "spins":  # no model, no memory: a loop on each CPU, at idle priority
+    def spin():
+        while True:
+            pass
+    import multiprocessing
+    others = [multiprocessing.Process(target=spin, daemon=True) for _ in range(2)]
+    [other.start() for other in others]
+    time.sleep(seconds)
+    print("0")
+    sys.exit(0)
 core = load_core(Path(sys.argv[4]))
 core.run_passes_at_once(2)
 if mode != "ignores":
@@ -73,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(SETTLE_S)
                     run = loadgen.closed_loop(target, connections, args.seconds)
                     rate = f"; job {job.communicate()[0].strip()} rows/s" if job else ""
+                    rate = "; a bare loop on each CPU" if mode == "spins" else rate
                     print(
                         f"c={connections} {mode:11} p50 {run.p50_ms:.2f} p99 {run.p99_ms:.2f} ms, {run.rps:,.0f} req/s, "
                         f"{run.errors} errors{rate}",
