@@ -188,14 +188,12 @@ class HandlerSettings:
 
     def mmap_threshold_bytes(self, lane: str) -> int | None:
         """glibc's mmap threshold in bytes for a worker of `lane` (handlers/host_memory.py), None for its default."""
-        mib = _for_lane(self.mmap_threshold_mib, lane)
-        return mib * 2**20 if mib else None
+        return _mib_as_bytes(_for_lane(self.mmap_threshold_mib, lane))
 
     def heap_slack_bytes(self, lane: str) -> int | None:
         """What a worker of `lane` keeps over its resting size after a batch (handlers/host_memory.py), None for one
         mmap threshold."""
-        mib = _for_lane(self.heap_slack_mib, lane)
-        return mib * 2**20 if mib else None
+        return _mib_as_bytes(_for_lane(self.heap_slack_mib, lane))
 
     def passes_for(self, lane: str) -> int | None:
         """Micro-batches a worker of `lane` runs at once, None for one per usable CPU."""
@@ -240,6 +238,10 @@ def _for_lane(value: PerLane, lane: str) -> int | None:
     if isinstance(value, Mapping):
         return value.get(lane, value.get(DEFAULT_LANE))
     return value
+
+
+def _mib_as_bytes(mib: int | None) -> int | None:
+    return mib * 2**20 if mib else None
 
 
 def _check_per_lane(key: str, value: PerLane) -> None:

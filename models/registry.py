@@ -289,7 +289,7 @@ def _model(folder: Path) -> Model:
     if unknown:
         raise RegistryError(f"{where}: unknown key(s) {', '.join(unknown)}; a model.yaml holds lanes: (and bench:, soak:)")
     bench = _bench(declared.get("bench") or {}, where)
-    soak = _soak(declared.get("soak") or {}, where)
+    soak = _positive_counts(declared.get("soak") or {}, SOAK_DEFAULTS, "soak:", where)
     lanes_declared = declared.get("lanes") or {}
     if name not in lanes_declared:
         raise RegistryError(f"{where}: no stream lane; declare lanes: {{{name}: {{...}}}} (named after the folder)")
@@ -318,14 +318,15 @@ def _model(folder: Path) -> Model:
     return Model(name, folder, tuple(built), bench, soak)
 
 
-def _soak(soak: Any, where: Path) -> dict[str, int]:
+def _positive_counts(value: Any, defaults: Mapping[str, int], key: str, where: Path) -> dict[str, int]:
+    """An optional map of `defaults`' keys to positive integers, completed from `defaults`."""
     if (
-        not isinstance(soak, Mapping)
-        or set(soak) - set(SOAK_DEFAULTS)
-        or not all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in soak.values())
+        not isinstance(value, Mapping)
+        or set(value) - set(defaults)
+        or not all(isinstance(count, int) and not isinstance(count, bool) and count > 0 for count in value.values())
     ):
-        raise RegistryError(f"{where}: soak: takes {', '.join(SOAK_DEFAULTS)} only, each a positive integer, got {soak!r}")
-    return {**SOAK_DEFAULTS, **soak}
+        raise RegistryError(f"{where}: {key} takes {', '.join(defaults)} only, each a positive integer, got {value!r}")
+    return {**defaults, **value}
 
 
 def _bench(bench: Any, where: Path) -> dict[str, Any]:
@@ -349,14 +350,8 @@ def _bench(bench: Any, where: Path) -> dict[str, Any]:
                 f"the goals are {', '.join(sorted(known))}"
             )
         goals[key] = dict(declared)
-    job = bench.get("job") or {}
-    if (
-        not isinstance(job, Mapping)
-        or set(job) - set(JOB_DEFAULTS)
-        or not all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in job.values())
-    ):
-        raise RegistryError(f"{where}: bench.job takes {', '.join(JOB_DEFAULTS)}, each a positive integer, got {job!r}")
-    return {"peers": dict(peers), "request": request, **goals, "job": {**JOB_DEFAULTS, **job}}
+    job = _positive_counts(bench.get("job") or {}, JOB_DEFAULTS, "bench.job", where)
+    return {"peers": dict(peers), "request": request, **goals, "job": job}
 
 
 @functools.lru_cache(maxsize=16)

@@ -64,16 +64,13 @@ def bench_model(name: str, runs: list[tuple[str, str]], repeats: int) -> list[tu
     """One line per (format, precision) of `name`: its file, agreement and rows/s."""
     found = registry.model(name)
     archive = importlib.import_module(f"models.{name}.archive")  # each folder's `artifacts` (models/registry.py)
-    handler = dict(found.handler_config()["handler"])
-    handler["max_batch_rows"] = registry.per_lane(handler.get("max_batch_rows", 256), None)
-    handler["max_batch_tokens"] = registry.per_lane(handler.get("max_batch_tokens"), None)
+    handler = found.handler_config()["handler"]
     samples = found.samples()
-    instances = samples.request(handler["max_batch_rows"] * PASSES)
     lines, reference = [], None
     for fmt, precision in [("export", "fp32"), *[run for run in runs if run != ("export", "fp32")]]:
         model_file = archive.artifacts("1.0", BUILD, fmt, precision)[0]
         core = _core(model_file, handler, precision)
-        rows = core.decode(Payload(instances, raw=False))
+        rows = core.decode(Payload(samples.request(core.settings.max_batch_rows * PASSES), raw=False))
         rate, results = _rate(core, rows, repeats)
         print(f"{name} {fmt} {precision}: {rate:,.1f} rows/s", file=sys.stderr)
         first = results[: len(samples.instances)]

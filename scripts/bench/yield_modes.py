@@ -42,7 +42,8 @@ if mode == "spins":  # no model, no memory: a loop on each CPU, at idle priority
             pass
     import multiprocessing
     others = [multiprocessing.Process(target=spin, daemon=True) for _ in range(2)]
-    [other.start() for other in others]
+    for other in others:
+        other.start()
     time.sleep(seconds)
     print("0")
     sys.exit(0)

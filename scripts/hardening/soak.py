@@ -29,7 +29,8 @@ from pathlib import Path
 import orjson
 import psutil
 
-from handlers.host_memory import MMAP_THRESHOLD
+from handlers.host_memory import HostMemory
+from handlers.settings import HandlerSettings
 from models import registry
 from scripts import cli
 from scripts.bench import loadgen
@@ -429,8 +430,8 @@ def bound_for(role: str) -> Bound:
         return BOUNDS["frontend"]
     bound = BOUNDS["worker"]
     found, _ = registry.lane(role)
-    slack = found.handler_value("heap_slack_mib", role) or found.handler_value("mmap_threshold_mib", role)
-    slack_mib = slack or MMAP_THRESHOLD / MIB
+    settings = HandlerSettings.from_yaml(found.handler_config(), role)
+    slack_mib = HostMemory(None, settings.mmap_threshold_bytes(role), settings.heap_slack_bytes(role)).slack / MIB
     return dataclasses.replace(bound, rss_mib=max(bound.rss_mib, slack_mib + SLACK_MARGIN_MIB))
 
 

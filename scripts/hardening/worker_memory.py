@@ -39,6 +39,7 @@ from scripts.server.temporary import serving_in
 from scripts.swap.management import ManagementApi
 
 JSON = "application/json"
+HEAD, TAIL = b'{"instances": [', b"]}"
 MIB = 1024 * 1024
 
 
@@ -61,18 +62,18 @@ class Reading:
     rss_after: int
 
 
-def fill(limit: int, item: bytes, head: bytes = b'{"instances": [', tail: bytes = b"]}") -> bytes:
+def fill(limit: int, item: bytes) -> bytes:
     """As many `item`s as fit in `limit` bytes, as a JSON instances body."""
-    count = (limit - len(head) - len(tail)) // (len(item) + 1)
-    return head + item + (b"," + item) * (count - 1) + tail  # repeated as bytes: no list of millions of references
+    return rows_of((limit - len(HEAD) - len(TAIL)) // (len(item) + 1), item)
 
 
 def instances_of(items: list[bytes]) -> bytes:
-    return b'{"instances": [' + b",".join(items) + b"]}"
+    return HEAD + b",".join(items) + TAIL
 
 
 def rows_of(count: int, item: bytes) -> bytes:
-    return b'{"instances": [' + item + (b"," + item) * (count - 1) + b"]}"
+    """`count` copies of `item` as a JSON instances body, repeated as bytes: no list of millions of references."""
+    return HEAD + item + (b"," + item) * (count - 1) + TAIL
 
 
 def digit_png(size: int) -> bytes:
@@ -119,6 +120,11 @@ class Limits:
         found, _ = registry.lane(lane)
         settings = MarFile(MODEL_STORE / f"{found.name}.mar").settings()
         return cls(lane, settings.task, settings.rows_for(lane), settings.bytes_for(lane), settings.task_options, request_size)
+
+    @property
+    def refuses_on_size(self) -> bool:
+        """A body of max_request_size is over the lane's own byte limit: refused unread (a bulk lane parses it)."""
+        return self.bytes is not None and self.bytes < self.request_size
 
     @property
     def body(self) -> int:
@@ -195,9 +201,9 @@ def probes_for(limits: Limits) -> list[Probe]:
     """The lane's task's worst cases, then those every lane shares."""
     if limits.task not in TASK_PROBES:
         raise ScriptError(f"no worst-case requests for task {limits.task!r}: add its probes to TASK_PROBES ({__file__})")
-    refused = "413 on its size" if limits.bytes is not None and limits.bytes < limits.request_size else "parsed, then 413 on rows"
+    refused = "413 on its size" if limits.refuses_on_size else "parsed, then 413 on rows"
     shared = [Probe(limits.lane, f"max_request_size of {{}} ({refused})", lambda limit: fill(limit, b"{}"), JSON)]
-    if limits.bytes is not None and limits.bytes < limits.request_size:
+    if limits.refuses_on_size:
         shared.append(
             Probe(limits.lane, "max_request_bytes of {} (parsed, then 413 on rows)", lambda _: fill(limits.bytes, b"{}"), JSON)
         )

@@ -47,7 +47,7 @@ from scripts.image_check.base import BASE_IMAGE, ensure_base
 from scripts.image_check.pip_settings import ca_bundle, read_pip_settings
 from scripts.image_check.podman import ContainerError, Podman
 from scripts.jobs.runners import InProcessRunner
-from scripts.layout import BUILD, CONFIG, JSON, ROOT
+from scripts.layout import BUILD, CONFIG, JSON, MODEL_STORE, ROOT
 from scripts.server.config import FRONT_DOOR_LISTENERS, ServerConfig
 from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.process import free_port, free_ports
@@ -66,7 +66,6 @@ STOP_LINES = ("SIGTERM: ", "TorchServe stopped", "killing ")  # scripts/containe
 STORE_IN_IMAGE = "/srv/model_store"
 IMAGE_CONFIG = "/srv/config.container.properties"
 EXPIRING_CONFIG_IN_IMAGE = "/srv/config.expiring.properties"
-TESTED_STORE = ROOT / "model_store"
 # The serving image's budget (docs/container.md gives its layers): a guard that fails if the tools and tests creep
 # back into the image.
 MAX_IMAGE_BYTES = 1_500_000_000
@@ -213,29 +212,37 @@ def check_warmed(container: Container, figures: Figures) -> None:
     figures.warm_up_failed = sum(w["failed"] for w in warmed)
 
 
+def served_answer(endpoints: Endpoints, found: registry.Model, position: int):
+    """The container's answer to the model's sample `position`, through its stream lane; a non-200 fails the test."""
+    lane = found.stream_lane.name
+    body = orjson.dumps({"instances": [found.samples().instances[position]]})
+    reply = predict(endpoints, lane, body, JSON, timeout=60)
+    if reply.status_code != 200:
+        raise ImageTestError(f"{lane}: sample {position} got HTTP {reply.status_code} {reply.text[:300]}")
+    return reply.json()["predictions"][0]
+
+
 def check_one_sample(endpoints: Endpoints) -> None:
     """The first model's first sample, answered as samples.json says (after the keys were renewed)."""
     found = next(iter(registry.models().values()))
-    samples, lane = found.samples(), found.stream_lane.name
-    reply = predict(endpoints, lane, orjson.dumps({"instances": [samples.instances[0]]}), JSON, timeout=60)
-    problem = samples.problem(reply.json()["predictions"][0], samples.answers[0]) if reply.status_code == 200 else None
-    if reply.status_code != 200 or problem:
-        raise ImageTestError(f"{lane}: sample 0 got HTTP {reply.status_code}: {problem or reply.text[:300]}")
+    samples = found.samples()
+    problem = samples.problem(served_answer(endpoints, found, 0), samples.answers[0])
+    if problem:
+        raise ImageTestError(f"{found.stream_lane.name}: sample 0: {problem}")
 
 
 def check_samples(endpoints: Endpoints, figures: Figures) -> None:
     """Every model the folders declare answers each of its samples in the container as samples.json says."""
     for name, found in registry.models().items():
-        samples, lane = found.samples(), found.stream_lane.name
-        for position, (instance, answer) in enumerate(zip(samples.instances, samples.answers, strict=True)):
-            reply = predict(endpoints, lane, orjson.dumps({"instances": [instance]}), JSON, timeout=60)
-            if reply.status_code != 200:
-                raise ImageTestError(f"{lane}: sample {position} got HTTP {reply.status_code} {reply.text[:300]}")
-            problem = samples.problem(reply.json()["predictions"][0], answer)
-            figures.samples_answered[name] = figures.samples_answered.get(name, 0) + (problem is None)
+        samples = found.samples()
+        figures.samples_answered[name] = sum(
+            samples.problem(served_answer(endpoints, found, position), answer) is None
+            for position, answer in enumerate(samples.answers)
+        )
         if figures.samples_answered[name] < samples.min_agreement * len(samples.instances):
             raise ImageTestError(
-                f"{lane}: {figures.samples_answered[name]} of {len(samples.instances)} samples answered as expected"
+                f"{found.stream_lane.name}: {figures.samples_answered[name]} of {len(samples.instances)} samples answered "
+                "as expected"
             )
 
 
@@ -254,18 +261,14 @@ def check_served_archives(podman: Podman, container: Container, figures: Figures
     """Each model's archive in the image is the tested one, and answers its first sample as the in-process core
     does on that archive."""
     for name, found in registry.models().items():
-        tested = TESTED_STORE / f"{name}.mar"
+        tested = MODEL_STORE / f"{name}.mar"
         served_archive = WORK / f"{name}-from-image.mar"
         podman.run("cp", f"{container.name}:{STORE_IN_IMAGE}/{name}.mar", str(served_archive))
         digest = MarFile(tested).verify_digest()
         if MarFile(served_archive).sha256() != digest:
             raise ImageTestError(f"the image's {STORE_IN_IMAGE}/{name}.mar is not the tested {tested} (sha256 {digest})")
-        instance = found.samples().instances[0]
-        reply = predict(container.endpoints, found.stream_lane.name, orjson.dumps({"instances": [instance]}), JSON, timeout=60)
-        if reply.status_code != 200:
-            raise ImageTestError(f"{name}: HTTP {reply.status_code} {reply.text[:500]}")
-        served = reply.json()["predictions"][0]
-        expected = InProcessRunner(load_core(tested), tested).send([instance]).body["predictions"][0]
+        served = served_answer(container.endpoints, found, 0)
+        expected = InProcessRunner(load_core(tested), tested).send([found.samples().instances[0]]).body["predictions"][0]
         difference = figures.served_vs_in_process[name] = registry.largest_difference(served, expected)
         if not difference <= SERVED_TOLERANCE:
             raise ImageTestError(

@@ -127,7 +127,7 @@ LANE = (
         ("bench:\n  stream_goals: {p99_top: 40}", "bench.stream_goals maps goals to numbers; unknown or not a number: p99_top"),
         ("bench:\n  peers: {flask: -1}", "bench.peers maps a peer's key to an index into its candidates"),
         ("bench:\n  request: first", "bench.request is the index of a sample in samples.json"),
-        ("bench:\n  job: {rows_per_s: 0}", "bench.job takes rows_per_s, chunk_size, each a positive integer"),
+        ("bench:\n  job: {rows_per_s: 0}", "bench.job takes rows_per_s, chunk_size only, each a positive integer"),
         ("soak: {connection: 2}", "soak: takes connections, job_rows only, each a positive integer"),
         ("soak: {job_rows: many}", "soak: takes connections, job_rows only, each a positive integer"),
     ],
