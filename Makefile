@@ -157,8 +157,8 @@ test-integration: archive $(SWAP_ARCHIVES)
 # survived per loader, rows/s by batch size; build/gpu-check/gpu-check.{md,json}), the tests marked gpu, then the
 # quick stream benchmark on CUDA in fp32 and bf16 autocast (a TorchServe lane: needs Java). About 8 minutes.
 # gpu-bundle: both bundles a GPU machine without Java or network needs (docs/gpu.md).
-# gpu-check-bundle: what the check reads (models, inputs, this machine's CPU answers), small enough to carry to a
-# GPU machine that has only torch (build/gpu-bundle, ~50 MiB).
+# gpu-check-bundle: what the check reads (each model's plain weights, inputs, this machine's CPU answers, as its
+# folder's portable.py says), small enough to carry to a GPU machine that has only torch (build/gpu-bundle, ~40 MiB).
 # gpu-serving-bundle: TorchServe's frontend on a jlinked Java runtime, its slim jar, the ts package and wrk, with
 # start.sh (build/gpu-serving/torchserve, packed as torchserve.tar.xz, ~27 MiB).
 gpu-bundle: gpu-check-bundle gpu-serving-bundle
@@ -166,8 +166,9 @@ gpu-check-bundle: archive
 	$(PY) -m scripts.gpu.bundle
 gpu-serving-bundle: $(STAMP)
 	$(PY) -m scripts.gpu.serving_bundle
-# gpu-device-prep: build/gpu-device, what each prepared device call carries (the serving bundle packed, digits.mar,
-# noop.mar, minilm's pruned weights, orjson's wheel); on the GPU machine: sh scripts/gpu/device_call.sh digits|minilm.
+# gpu-device-prep: build/gpu-device, what the prepared device calls carry: common/ (the serving bundle packed, noop.mar,
+# orjson's wheel, the models' pure-Python packages) and one folder per model; on the GPU machine, carrying common/
+# and <model>/: sh scripts/gpu/device_call.sh <model>.
 gpu-device-prep: archive
 	$(PY) -m scripts.gpu.device_prep
 gpu-check: $(STAMP)
@@ -176,9 +177,8 @@ gpu-check: $(STAMP)
 	@mkdir -p build/gpu-check
 	set -o pipefail; $(PY) -m scripts.gpu.check 2>&1 | tee build/gpu-check/check.txt
 	set -o pipefail; $(PY) -m pytest -m gpu -v -s 2>&1 | tee build/gpu-check/tests.txt
-	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report --models digits minilm 2>&1 | tee build/gpu-check/stream.txt
-	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report --models digits minilm --precision bf16 2>&1 \
-		| tee -a build/gpu-check/stream.txt
+	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report 2>&1 | tee build/gpu-check/stream.txt
+	set -o pipefail; $(PY) -m scripts.bench.stream --quick --no-report --precision bf16 2>&1 | tee -a build/gpu-check/stream.txt
 
 # --- clients ------------------------------------------------------------------------------------------
 # make client [LANE=<model>[-bulk]] [FILE=photo.jpg | FILE=instances.json] (no FILE: the model's first sample)

@@ -13,6 +13,8 @@ A model is a folder models/<name>/ holding:
     `make bench`, optionally the sample its stream bench sends and the candidate settings each peer runs (bench:);
   - model-config.yaml: the archive's own config (the handler's task and limits, per-lane maps keyed by lane name);
   - archive.py: `artifacts(version, build_dir, fmt, precision)`, the serving files built for the archive;
+  - portable.py: `PORTABLE`, the model rebuilt from plain weights where only torch is, and how its answers on a GPU
+    must match the CPU's (models/portable.py; the GPU check and the device calls, scripts/gpu/);
   - samples.json: sample requests with the answers they must get, and how an answer is compared
     (samples.py writes it from the model's reference). The warm-up, the swap gate and probe, the image's health
     check, `make archive`'s own check, the tests and the bench all send these.
@@ -403,6 +405,11 @@ def check(found: Model) -> list[str]:
                 )
     if not (found.folder / "archive.py").exists():
         problems.append(f"{found.folder}: no archive.py with artifacts(version, build_dir, fmt, precision)")
+    if not (found.folder / "portable.py").exists():
+        problems.append(
+            f"{found.folder}: no portable.py declaring PORTABLE, how the GPU check rebuilds the model from plain weights "
+            f"(models/portable.py says what)"
+        )
     try:
         samples = found.samples()
     except (RegistryError, ValueError) as error:

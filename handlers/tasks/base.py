@@ -76,6 +76,11 @@ class Task(abc.ABC):
 
     # -- optional hooks, with what the core does when a task leaves them alone --------------------------------------
 
+    def load_files(self, folder: Path) -> None:
+        """Read the files the task needs beside the model file (a tokenizer, class names) from `folder`; load_model
+        calls it, and so does a core built around an eager module (scripts/gpu/). Default: none."""
+        return None
+
     def row_cost(self, row: Any) -> int:
         """Relative size of a row; rows are grouped by it (e.g. token count) before micro-batching. Default: equal."""
         return 1

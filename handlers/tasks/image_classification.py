@@ -90,8 +90,11 @@ class ImageClassification(Task):
         # Pillow's own decompression-bomb guard, set for the process that serves this model (a TorchServe worker
         # serves one): it warns above this many pixels and refuses twice as many, wherever an image opens.
         Image.MAX_IMAGE_PIXELS = self.options.max_image_pixels
-        self.labels = self._load_labels(model_path.parent / self.options.labels_file)
+        self.load_files(model_path.parent)
         return load_program(model_path, device)
+
+    def load_files(self, folder: Path) -> None:
+        self.labels = self._load_labels(folder / self.options.labels_file)
 
     def _load_labels(self, path: Path) -> list[str]:
         if not path.is_file():

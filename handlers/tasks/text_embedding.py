@@ -78,9 +78,12 @@ class TextEmbedding(Task):
         self.pad_id = 0
 
     def load_model(self, model_path: Path, device: torch.device):
-        # The tokenizer ships beside the model file, so it is loaded here, where the archive folder is known.
-        self.tokenizer = self._load_tokenizer(model_path.parent / self.tokenizer_file)
+        self.load_files(model_path.parent)
         return load_program(model_path, device)
+
+    def load_files(self, folder: Path) -> None:
+        # The tokenizer ships beside the model file, so it is loaded here, where the archive folder is known.
+        self.tokenizer = self._load_tokenizer(folder / self.tokenizer_file)
 
     def _load_tokenizer(self, path: Path) -> Tokenizer:
         if not path.is_file():

@@ -1,17 +1,18 @@
-"""Build the GPU check's bundle: every model file, weight and input the check needs, small enough to travel.
+"""Build the GPU check's bundle: every model's weights, inputs and CPU answers, small enough to travel.
 
-    python -m scripts.gpu.bundle [--out build/gpu-bundle]
+    python -m scripts.gpu.bundle [--out build/gpu-bundle] [--models NAME ...]
 
 A GPU machine may have another torch, no TorchServe, no Java and no network (docs/gpu.md), so the check
-(`python -m scripts.gpu.check`) reads everything from this folder:
+(`python -m scripts.gpu.check`) reads everything from this folder, one sub-folder per model in models/, each
+written as the model's folder declares (models/<name>/portable.py):
 
-- digits: the archive's digits.pt2 and its TorchScript and ONNX files (made by this torch), the trained
-  weights as a plain .npz (re-exported there when a file made here does not load);
-- minilm: the encoder's weights rounded to fp16 (.npz, 44 MB: the fp32 files are 87 MB each, past what a
-  lent machine takes along), its BERT config and tokenizer; the check rebuilds every format there from them;
-- inputs: the 360 held-out digits and 240 varied sentences;
-- reference answers from this machine's CPU: digits probabilities from digits.pt2, minilm embeddings from
-  the fp16-rounded weights computed in fp32, so CUDA there is compared with the CPU here on the same weights.
+- the plain weights (`write`: .npz, fp16-rounded where the model says so) and what `eager` reads beside them; the
+  check exports every serving format there from them, with that machine's torch;
+- archive/: the archive's other entries (model-config.yaml, a tokenizer, class names), as `make archive` built them;
+- items.json: the request instances the check sends (`items`);
+- reference.json: this machine's CPU answers to them, through the handler's core around the eager module rebuilt
+  from those same weights, so CUDA there is compared with the CPU here on the same weights;
+- site/: the pure-Python packages a model's `eager` imports (`packages`), put on sys.path there.
 
 No pickle anywhere: .npz files are written and read with allow_pickle=False, the rest is JSON.
 """
@@ -21,74 +22,84 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from models.digits import formats as digits_formats
-from models.digits.archive import artifacts
-from models.digits.samples import held_out
-from models.minilm.export import build_encoder, check_pipeline, source_dir
-from models.minilm.samples import varied_sentences
+from models import registry
+from models.portable import copy_packages, of
 from scripts import cli
-from scripts.layout import BUILD
+from scripts.errors import ArchiveError
+from scripts.layout import BUILD, MODEL_STORE
 
 DEFAULT_OUT = BUILD / "gpu-bundle"
+ARCHIVE_FILES = "archive"
+ITEMS = "items.json"
+REFERENCE = "reference.json"
+SITE = "site"
+CODE_ENTRIES = ("handlers/", "torchserve_handler.py")
 
 
-def write_digits(out: Path) -> None:
-    program = artifacts("1.0", BUILD)[0]
-    folder = out / "digits"
+def archive_entries(name: str) -> dict[str, bytes]:
+    """The model's archive's entries but its code and its model file (both are made there)."""
+    path = MODEL_STORE / f"{name}.mar"
+    if not path.exists():
+        raise ArchiveError(f"{path} is missing: run `make archive` first")
+    model_file = registry.model(name).handler_config()["handler"]["model_file"]
+    with zipfile.ZipFile(path) as mar:
+        return {
+            entry: mar.read(entry)
+            for entry in mar.namelist()
+            if not entry.startswith(CODE_ENTRIES) and entry != model_file and not entry.endswith("/")
+        }
+
+
+def write_entries(entries: dict[str, bytes], folder: Path) -> None:
+    for entry, data in entries.items():
+        target = folder / entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+def write_model(name: str, out: Path, extra_items: Sequence = (), site: Path | None = None, reference: bool = True) -> int:
+    """out/<name>/ as the module says, its packages into `site` (default out/site/); `extra_items` are other
+    instances the device sends (kept by a pruning `write`). Returns the items' count."""
+    from scripts.gpu import models
+
+    portable = of(name)
+    folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(program, folder / "digits.pt2")
-    for fmt in ("torchscript", "onnx"):
-        shutil.copy2(digits_formats.convert(program, fmt), folder)
-    eager = digits_formats.eager_from_program(program)
-    np.savez(folder / "weights.npz", **{name: value.numpy() for name, value in eager.state_dict().items()})
-    grids, labels = held_out()
-    np.savez(out / "digits_inputs.npz", grids=grids.astype(np.float32), labels=labels.astype(np.int64))
-    with torch.inference_mode():
-        probabilities = eager(torch.from_numpy(grids.astype(np.float32)).unsqueeze(1))
-    np.savez(out / "digits_reference.npz", probabilities=probabilities.numpy())
-
-
-def write_minilm(out: Path) -> None:
-    source = source_dir()
-    max_seq_length = check_pipeline(source)
-    encoder = build_encoder(source)
-    folder = out / "minilm"
-    folder.mkdir(parents=True, exist_ok=True)
-    weights = {name: value.to(torch.float16).numpy() for name, value in encoder.state_dict().items() if value.is_floating_point()}
-    weights.update({name: value.numpy() for name, value in encoder.state_dict().items() if not value.is_floating_point()})
-    np.savez(folder / "weights_fp16.npz", **weights)
-    shutil.copy2(source / "config.json", folder / "config.json")
-    shutil.copy2(source / "tokenizer.json", folder / "tokenizer.json")
-    sentences = varied_sentences()
-    (out / "minilm_inputs.json").write_text(json.dumps({"sentences": sentences, "max_seq_length": max_seq_length}))
-    # The reference: this machine's CPU on the same (fp16-rounded) weights, run through the handler's own
-    # tokenizing and collating, so only the device and the torch version differ there.
-    from scripts.gpu.models import minilm_core_answers, rounded_encoder
-
-    rounded = rounded_encoder(folder)
-    embeddings = minilm_core_answers(rounded, folder, sentences, max_seq_length, torch.device("cpu"))
-    np.savez(out / "minilm_reference.npz", embeddings=embeddings)
+    items = portable.items()
+    long_item = portable.long_item()
+    portable.write(folder, [*items, *extra_items, *([long_item] if long_item is not None else [])])
+    write_entries(archive_entries(name), folder / ARCHIVE_FILES)
+    (folder / ITEMS).write_text(json.dumps(items))
+    copy_packages(portable.packages, site or out / SITE)
+    if not reference:
+        return len(items)
+    settings = models.settings(name, f"{portable.stem}.pt2")
+    core = models.eager_core(portable.eager(folder), settings, folder / ARCHIVE_FILES, torch.device("cpu"))
+    (folder / REFERENCE).write_text(json.dumps(models.answers(core, items)))
+    return len(items)
 
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    names = list(registry.models())
+    parser.add_argument("--models", nargs="+", choices=names, default=names)
     args = parser.parse_args()
     started = time.perf_counter()
     if args.out.exists():
         shutil.rmtree(args.out)
     args.out.mkdir(parents=True)
-    write_digits(args.out)
-    write_minilm(args.out)
+    counts = {name: write_model(name, args.out) for name in args.models}
     size = sum(path.stat().st_size for path in args.out.rglob("*") if path.is_file())
-    meta = {"torch": torch.__version__, "built_s": round(time.perf_counter() - started, 1), "bytes": size}
+    meta = {"torch": torch.__version__, "built_s": round(time.perf_counter() - started, 1), "bytes": size, "items": counts}
     (args.out / "bundle.json").write_text(json.dumps(meta, indent=2))
-    print(f"GPU check bundle -> {args.out} ({size / 2**20:.1f} MiB, torch {torch.__version__}, {meta['built_s']}s)")
+    print(f"GPU check bundle -> {args.out} ({size / 2**20:.1f} MiB, torch {torch.__version__}, {meta['built_s']}s): {counts}")
     return 0
 
 

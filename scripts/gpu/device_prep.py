@@ -1,88 +1,44 @@
-"""Everything one device call carries beside the working tree, in build/gpu-device/ (carry it by that name):
+"""What the prepared device calls carry beside the working tree, in build/gpu-device/ (docs/gpu.md):
 
-    python -m scripts.gpu.device_prep          (make gpu-device-prep)
+    python -m scripts.gpu.device_prep [--models NAME ...]     (make gpu-device-prep)
 
-- torchserve.tar.xz: the serving bundle (scripts/gpu/serving_bundle.py), unpacked there into build/gpu-serving;
-- digits.mar and noop.mar with their sha256 (the GPU machine has no torch-model-archiver); the archives' handler
-  code is replaced there by the working tree's (scripts/gpu/device_run.py), so a stale archive cannot mislead;
-- minilm/: the encoder's fp16-rounded weights with the embedding rows of every token the device's inputs never
-  use set to zero (their answers are unchanged; zeros pack to nothing), config.json, tokenizer.json and the
-  archive's model-config.yaml and manifest: minilm.mar is assembled there around a .pt2 exported there;
-- wheels/: orjson for Python 3.12 (the handler imports it; the GPU machine lacks it), downloaded once by pip.
+- common/ (every call carries it): torchserve.tar.xz, the serving bundle (scripts/gpu/serving_bundle.py), unpacked
+  there into build/gpu-serving; noop.mar with its sha256 (the GPU machine has no torch-model-archiver); site/, the
+  pure-Python packages a model's eager module imports; wheels/, orjson for Python 3.12 (the handler imports it; the
+  GPU machine lacks it), downloaded once by pip;
+- <model>/ for each model in models/ (a call carries its own): what its folder declares travels
+  (models/<name>/portable.py: the plain weights, fp16-rounded or pruned to what the device's inputs use where the
+  model says so), archive/ (the archive's entries but its code and model file) and items.json. The archive is
+  assembled there around a .pt2 exported there and the working tree's handler code (scripts/gpu/device_run.py), so
+  neither another torch's file nor a stale archive can mislead.
 
-With the ~3.5 MiB working tree that is under the 64 MiB one call carries, so each call stands alone.
+One call, `sh scripts/gpu/device_call.sh <model>`, carries build/gpu-device/common and build/gpu-device/<model>:
+with the ~4 MiB working tree, under the 64 MiB a call carries; the sizes are printed.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-import numpy as np
-
-from models.minilm.samples import varied_sentences
+from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.bench.peers.noop_handler import build_noop_archive
-from scripts.errors import ArchiveError
 from scripts.gpu import serving_bundle
-from scripts.layout import BUILD, MODEL_STORE
+from scripts.gpu.bundle import SITE, write_model
+from scripts.layout import BUILD
 
 OUT = BUILD / "gpu-device"
+COMMON = "common"
 ORJSON = "orjson==3.13.0"  # locks/serving-cpu.txt
-BENCH_SENTENCE = "The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill."
-MINILM_ENTRIES = ("model-config.yaml", "MAR-INF/MANIFEST.json", "tokenizer.json")
-WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+CARRY_LIMIT = 64 << 20  # bytes one device call carries, the working tree included
 
 
-def device_texts() -> list[str]:
-    """Every text the device scripts send: the benchmarks' sentence and the check's varied sentences."""
-    return [BENCH_SENTENCE, *varied_sentences()]
-
-
-def used_token_ids(tokenizer_file: Path, texts: list[str]) -> set[int]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    ids = {token for encoding in tokenizer.encode_batch(texts) for token in encoding.ids}
-    return ids | set(range(110))  # [PAD], [UNK], [CLS], [SEP], [MASK] and the other reserved ids
-
-
-def write_minilm(out: Path) -> int:
-    """out/minilm/: the pruned fp16 weights and the small archive entries; returns the rows kept."""
-    from models.minilm.export import build_encoder, source_dir
-
-    folder = out / "minilm"
-    folder.mkdir(parents=True, exist_ok=True)
-    source = source_dir()
-    with zipfile.ZipFile(MODEL_STORE / "minilm.mar") as mar:
-        for name in MINILM_ENTRIES:
-            (folder / Path(name).name).write_bytes(mar.read(name))
-    shutil.copy2(source / "config.json", folder / "config.json")
-    keep = sorted(used_token_ids(folder / "tokenizer.json", device_texts()))
-    state = build_encoder(source).state_dict()
-    weights = {name: (value.half() if value.is_floating_point() else value).numpy() for name, value in state.items()}
-    pruned = np.zeros_like(weights[WORD_EMBEDDINGS])
-    pruned[keep] = weights[WORD_EMBEDDINGS][keep]
-    weights[WORD_EMBEDDINGS] = pruned
-    np.savez_compressed(folder / "weights_fp16_pruned.npz", **weights)
-    (folder / "kept_ids.json").write_text(json.dumps(keep))
-    return len(keep)
-
-
-def copy_archive(name: str, out: Path) -> None:
-    source = MODEL_STORE / name
-    if not source.exists():
-        raise ArchiveError(f"{source} is missing: run `make archive` first")
-    MarFile(source).copy(out / name)
-
-
-def download_orjson(out: Path) -> None:
-    wheels = out / "wheels"
+def download_orjson(common: Path) -> None:
+    wheels = common / "wheels"
     if any(wheels.glob("orjson-*-cp312-*.whl")):
         return
     wheels.mkdir(parents=True, exist_ok=True)
@@ -91,21 +47,39 @@ def download_orjson(out: Path) -> None:
     subprocess.run([*command, "--implementation", "cp", *platforms, "-d", str(wheels), ORJSON], check=True)
 
 
+def size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def main() -> int:
     parser = cli.parser_for(__doc__)
     parser.add_argument("--out", type=Path, default=OUT)
+    names = list(registry.models())
+    parser.add_argument("--models", nargs="+", choices=names, default=names)
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    common = args.out / COMMON
+    common.mkdir(parents=True, exist_ok=True)
     serving_bundle.ensure_tree()
-    shutil.copy2(serving_bundle.ensure_packed(serving_bundle.DEFAULT_OUT), args.out / serving_bundle.PACKED)
-    copy_archive("digits.mar", args.out)
+    shutil.copy2(serving_bundle.ensure_packed(serving_bundle.DEFAULT_OUT), common / serving_bundle.PACKED)
     noop = build_noop_archive(BUILD / "gpu-device-noop")
     MarFile(noop).record_digest()
-    MarFile(noop).copy(args.out / "noop.mar")
-    kept = write_minilm(args.out)
-    download_orjson(args.out)
-    total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(f"device carry -> {args.out}: {total / 2**20:.1f} MiB (minilm keeps {kept} embedding rows)")
+    MarFile(noop).copy(common / "noop.mar")
+    download_orjson(common)
+    for name in args.models:
+        folder = args.out / name
+        if folder.exists():
+            shutil.rmtree(folder)
+        # The stream benches' requests travel too: a model that prunes its weights keeps what they use.
+        samples = list(registry.model(name).samples().instances)
+        write_model(name, args.out, samples, site=common / SITE, reference=False)
+    shared = size(common)
+    print(f"device carry -> {args.out}: common/ {shared / 2**20:.1f} MiB")
+    for name in args.models:
+        mine = size(args.out / name)
+        print(f"  {name}/ {mine / 2**20:.1f} MiB: a call carries {(shared + mine) / 2**20:.1f} MiB and the working tree")
+        if shared + mine > CARRY_LIMIT - (4 << 20):
+            print(f"  {name}: over what one call carries with a ~4 MiB working tree ({CARRY_LIMIT >> 20} MiB)", file=sys.stderr)
+            return 1
     return 0
 
 

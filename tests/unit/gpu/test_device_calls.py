@@ -1,42 +1,118 @@
-"""The prepared device calls' pieces that run anywhere: archives assembled around the working tree's handler code,
-and minilm's pruned vocabulary keeping every token the device's inputs use."""
+"""The GPU check's and the prepared device calls' pieces that run anywhere, for every model in models/: what travels
+(models/<name>/portable.py) rebuilds an archive that answers the model's samples, the check agrees with this CPU on
+every model and names a row that does not, and minilm's pruned vocabulary keeps every token the device sends."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 
-from handlers.decoding import Payload
-from models.digits.samples import held_out
+import pytest
+import torch
+
+from models import registry
+from models.portable import of
 from scripts.archive.reader import MarFile
-from scripts.gpu import device_prep, device_run
-from scripts.layout import MODEL_STORE, ROOT
+from scripts.gpu import bundle, device_run
+from scripts.gpu import models as gpu_models
+from scripts.gpu.check import Budget, Check, Report
+from scripts.layout import ROOT
+
+NAMES = list(registry.models())
 
 
-def test_an_assembled_archive_carries_the_working_trees_handlers_and_answers(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def carried(tmp_path_factory):
+    """What `make gpu-check-bundle` writes (the bundle, CPU answers included), for every model."""
+    out = tmp_path_factory.mktemp("gpu-bundle")
+    for name in NAMES:
+        bundle.write_model(name, out, registry.model(name).samples().instances)
+    return out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_model_declares_how_it_travels(name):
+    portable = of(name)
+    assert portable.name == name
+    assert f"{portable.stem}.pt2" == registry.model(name).handler_config()["handler"]["model_file"]
+    for precision in ("fp32", "bf16", "fp16"):  # a match in samples.json's own format
+        assert set(portable.agreement[precision]) - {"min_agreement"} <= set(registry.MATCHERS)
+    inputs, axes = portable.example(torch.device("cpu"))
+    assert len(inputs) == len(axes) == len(portable.input_names)
+    assert all(axis[0].max == portable.max_batch for axis in axes)  # the batch axis, as archive.py exports it
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_assembled_archive_carries_the_working_trees_handlers_and_answers_the_samples(name, carried, tmp_path, monkeypatch):
     monkeypatch.setattr(device_run, "WORK", tmp_path)
-    archive = device_run.digits_archive(MODEL_STORE / "digits.mar")
+    archive, _ = device_run.assemble(name, carried / name)
     assert MarFile(archive).recorded_digest() == MarFile(archive).sha256()
     with zipfile.ZipFile(archive) as mar:
         assert mar.read("handlers/cuda_graphs.py") == (ROOT / "handlers" / "cuda_graphs.py").read_bytes()
         assert mar.read("torchserve_handler.py") == (ROOT / "handlers" / "torchserve" / "torchserve_handler.py").read_bytes()
-        with zipfile.ZipFile(MODEL_STORE / "digits.mar") as original:
-            assert mar.read("digits.pt2") == original.read("digits.pt2")
-    graphs = device_run.variant(archive, "graphs", {"cuda_graphs": {"digits-graphs": True, "default": False}})
-    assert MarFile(graphs).settings().device.graphs_for("digits-graphs")
-    grids, labels = held_out(8)
-    [response] = device_run.core_of(graphs).answer([Payload(items=[g.tolist() for g in grids], raw=False)])
-    assert [p["label"] for p in response.body["predictions"]] == labels.tolist()
+        assert registry.model(name).handler_config()["handler"]["model_file"] in mar.namelist()
+    stream = registry.model(name).stream_lane.name
+    graphs = device_run.variant(archive, "graphs", {"cuda_graphs": {f"{stream}-graphs": True, "default": False}})
+    assert MarFile(graphs).settings().device.graphs_for(f"{stream}-graphs")
+    samples = registry.model(name).samples()
+    served = gpu_models.answers(device_run.core_of(graphs), samples.instances)
+    problems = [samples.problem(a, b) for a, b in zip(served, samples.answers, strict=True)]
+    agreeing = sum(problem is None for problem in problems)
+    assert agreeing >= samples.min_agreement * len(problems), [p for p in problems if p]
 
 
-def test_the_pruned_vocabulary_keeps_every_token_of_the_device_inputs(tmp_path):
+def test_the_check_agrees_with_this_cpu_on_every_model(carried, tmp_path):
+    report = Report(tmp_path / "out")
+    check = Check(carried, tmp_path / "work", torch.device("cpu"), Budget(600), report, NAMES)
+    check.formats = ("export",)
+    check.reserve_s = 0
+    check.agreement()
+    rows = report.data["agreement"]
+    assert {(row["model"], row["precision"]) for row in rows} == {(n, p) for n in NAMES for p in ("fp32", "bf16")}
+    for row in rows:
+        assert row["within_bounds"], row
+        assert row["to_cpu"]["rows"] == len(json.loads((carried / row["model"] / bundle.ITEMS).read_text()))
+        # fp32 on the same CPU and weights is the same arithmetic: the bundle's answers to the last digit
+        if row["precision"] == "fp32":
+            assert row["to_bundle_cpu"]["largest_difference"] < 1e-5
+        else:  # bf16 really ran (a label may differ where the model's bf16 match leaves a share of rows)
+            assert row["to_cpu"]["largest_difference"] > 0
+            assert row["to_cpu"]["rows_outside"] <= 0.1 * row["to_cpu"]["rows"]
+    assert report.data["failures"] == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_row_outside_the_match_is_named(name, carried):
+    reference = json.loads((carried / name / bundle.REFERENCE).read_text())
+    served = json.loads(json.dumps(reference))
+    portable = of(name)
+    assert gpu_models.compare(portable, "fp32", served, reference)["within"]
+
+    def nudge(value, by):
+        if isinstance(value, float):
+            return value + by
+        if isinstance(value, list):
+            return [nudge(v, by * (1 if i % 2 else -1)) for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            return {k: nudge(v, by) if k not in ("index", "label") else v for k, v in value.items()}
+        return value
+
+    served[1] = nudge(served[1], 0.05)
+    figures = gpu_models.compare(portable, "fp32", served, reference)
+    assert not figures["within"] and figures["rows_outside"] == 1
+    assert figures["first_outside"].startswith("row 1: ")
+
+
+def test_the_pruned_vocabulary_keeps_every_token_of_the_device_inputs(carried):
     from tokenizers import Tokenizer
 
-    path = tmp_path / "tokenizer.json"
-    with zipfile.ZipFile(MODEL_STORE / "minilm.mar") as mar:
-        path.write_bytes(mar.read("tokenizer.json"))
-    texts = device_prep.device_texts()
-    kept = device_prep.used_token_ids(path, texts)
-    encoded = Tokenizer.from_file(str(path)).encode_batch(texts)
+    from models.minilm.portable import used_token_ids
+
+    tokenizer = carried / "minilm" / bundle.ARCHIVE_FILES / "tokenizer.json"
+    texts = [*of("minilm").items(), *registry.model("minilm").samples().instances, of("minilm").long_item()]
+    kept = set(json.loads((carried / "minilm" / "kept_ids.json").read_text()))
+    assert used_token_ids(tokenizer, texts) == kept
+    encoded = Tokenizer.from_file(str(tokenizer)).encode_batch(texts)
     assert {token for encoding in encoded for token in encoding.ids} <= kept
     assert {0, 100, 101, 102} <= kept  # [PAD], [UNK], [CLS], [SEP]
-    assert len(kept) < 2000  # of 30,522: the rest are zeros in what travels
+    assert len(kept) < 4000  # of 30,522: the rest are zeros in what travels

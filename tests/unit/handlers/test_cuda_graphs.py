@@ -159,10 +159,11 @@ def test_weights_cast_once_run_without_autocast_on_inputs_of_their_precision():
 
 def test_digits_exported_with_weights_cast_to_bf16_answer_within_the_bf16_bounds(tmp_path):
     from models.digits.formats import eager_from_program
+    from models.portable import of
     from scripts.gpu.models import write_format
 
     eager = eager_from_program(digits_file("export"))
-    path, _ = write_format("digits", eager, "export", tmp_path, torch.device("cpu"), precision="bf16")
+    path, _ = write_format(of("digits"), eager, "export", tmp_path, torch.device("cpu"), precision="bf16")
     assert path.name == "digits.bf16.pt2"
     handler = {"task": "digit_classification", "model_file": path.name, "precision": "bf16", "cast_weights": True}
     cast = InferenceCore.load(tmp_path, HandlerSettings.from_yaml({"handler": handler}), torch.device("cpu"))

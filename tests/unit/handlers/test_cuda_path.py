@@ -15,6 +15,7 @@ from handlers.decoding import Payload
 from models.digits.archive import artifacts
 from models.digits.formats import eager_from_program
 from models.digits.samples import held_out
+from models.portable import of
 from scripts.gpu import models as gpu_models
 from scripts.gpu.check import memory_cap
 from scripts.layout import BUILD
@@ -62,7 +63,8 @@ def test_bf16_autocast_keeps_labels(digits_model_dir, digits_core):
 def model_file_for(fmt: str):
     if fmt == "aoti":  # compiled for this GPU, from the CPU program
         eager = eager_from_program(artifacts("1.0", BUILD)[0])
-        path, _ = gpu_models.write_format("digits", eager, "aoti", BUILD / "gpu-check" / "digits-cuda", select_device(0))
+        portable = of("digits")
+        path, _ = gpu_models.write_format(portable, eager, "aoti", BUILD / "gpu-check" / "digits-cuda", select_device(0))
         return path
     return artifacts("1.0", BUILD, fmt)[0]
 
@@ -112,10 +114,15 @@ def test_a_text_too_large_alone_fails_only_its_request():
     from scripts.gpu.check import Budget, Check, Report
 
     check = Check(
-        BUILD / "gpu-bundle", BUILD / "gpu-check" / "models", select_device(0), Budget(600), Report(BUILD / "gpu-check")
+        BUILD / "gpu-bundle",
+        BUILD / "gpu-check" / "models",
+        select_device(0),
+        Budget(600),
+        Report(BUILD / "gpu-check"),
+        ["minilm"],
     )
     check.formats = ("export",)
     check.agreement(("minilm",))
-    figures = check.row_too_large_alone()
+    figures = check.row_too_large_alone("minilm", of("minilm").long_item())
     assert figures["statuses"] == [507, 200] and figures["oom_splits"] >= 1
-    assert figures["short_min_cosine_to_uncapped"] >= 0.9999
+    assert figures["short_to_uncapped"]["within"]
