@@ -88,44 +88,51 @@ def kept_now(key: str, model: str, settings: dict) -> bool:
     return peer(key).settings_for(model) == settings
 
 
-def section(results: dict[str, dict], kept: Callable[[str, str, dict], bool] = kept_now) -> str:
-    """The "peer sweeps" section from every sweep file's results (peer key -> its JSON)."""
+INTRO = (
+    "## Peers' sweeps: the best setting of each peer, and the one kept\n\n"
+    "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (its _candidates or CANDIDATES under "
+    "scripts/bench/peers/) started one after the other, checked to answer as the lane does, then wrk "
+    "at each load; the best is the most req/s at the highest load (the lower p99 within 3%). `make bench` runs "
+    'each peer with the candidate models/<name>/model.yaml keeps (bench.peers); "kept" marks them (they should be '
+    "the best). Shown: the best, the kept and the failed candidates; every candidate's figures are in "
+    "build/bench/sweep-<peer>.json. One part a model: a sweep of some models (`--models`) rewrites only theirs."
+)
+
+
+def section(results: dict[str, dict], model: str, kept: Callable[[str, str, dict], bool] = kept_now) -> str:
+    """One model's part of the "peer sweeps" section from every sweep file's results (peer key -> its JSON)."""
+    swept = {key: data for key, data in results.items() if model in data["models"]}
+    connections = _connections(swept)
     lines = [
-        "## Peers' sweeps: the best setting of each peer, and the one kept",
-        "",
-        "`python -m scripts.bench.sweep` (`make bench-sweep`): each peer's candidates (its _candidates or CANDIDATES under "
-        "scripts/bench/peers/) started one after the other, checked to answer as the lane does, then wrk "
-        "at each load; the best is the most req/s at the highest load (the lower p99 within 3%). `make bench` runs "
-        'each peer with the candidate models/<name>/model.yaml keeps (bench.peers); "kept" marks them (they should be '
-        "the best). Shown: the best, the kept and the failed candidates; every candidate's figures are in "
-        "build/bench/sweep-<peer>.json.",
+        f"### {model}",
         "",
         *(
-            f"{data['peer']}: run {data['date']}, {data['seconds']:g} s per point after a {data['warmup']:g} s warm-up."
-            for data in results.values()
+            f"{data['peer']}: run {run['date']}, {run['seconds']:g} s per point after a {run['warmup']:g} s warm-up."
+            for data in swept.values()
+            for run in [data.get("runs", {}).get(model, data)]
         ),
         "",
-        "| peer | model | settings | " + " | ".join(f"{c} conn: req/s, p50 / p99 ms" for c in _connections(results)) + " | |",
-        "| --- | --- | --- | " + " ---: |" * len(_connections(results)) + " --- |",
+        "| peer | model | settings | " + " | ".join(f"{c} conn: req/s, p50 / p99 ms" for c in connections) + " | |",
+        "| --- | --- | --- | " + " ---: |" * len(connections) + " --- |",
     ]
-    for key, data in results.items():
-        for model, trials in data["models"].items():
-            top = max(data["connections"])
-            chosen = best([Trial(t["settings"], {int(c): r for c, r in t["runs"].items()}, t["failed"]) for t in trials], top)
-            for trial in trials:
-                runs = {int(c): r for c, r in trial["runs"].items()}
-                cells = [rivals.cell(runs.get(c)) if not trial["failed"] else "-" for c in _connections(results)]
-                flags = (
-                    ("best", chosen is not None and chosen.settings == trial["settings"]),
-                    ("kept", kept(key, model, trial["settings"])),
-                )
-                marks = [mark for mark, on in flags if on]
-                if not marks and not trial["failed"]:
-                    continue
-                if trial["failed"]:
-                    cells[0] = f"failed: {trial['failed'][:200]}"
-                row = f"| {data['peer']} | {model} | {describe(trial['settings'])} | " + " | ".join(cells)
-                lines.append(row + f" | {', '.join(marks)}{f' (of {len(trials)} tried)' if marks else ''} |")
+    for key, data in swept.items():
+        trials = data["models"][model]
+        top = max(data["connections"])
+        chosen = best([Trial(t["settings"], {int(c): r for c, r in t["runs"].items()}, t["failed"]) for t in trials], top)
+        for trial in trials:
+            runs = {int(c): r for c, r in trial["runs"].items()}
+            cells = [rivals.cell(runs.get(c)) if not trial["failed"] else "-" for c in connections]
+            flags = (
+                ("best", chosen is not None and chosen.settings == trial["settings"]),
+                ("kept", kept(key, model, trial["settings"])),
+            )
+            marks = [mark for mark, on in flags if on]
+            if not marks and not trial["failed"]:
+                continue
+            if trial["failed"]:
+                cells[0] = f"failed: {trial['failed'][:200]}"
+            row = f"| {data['peer']} | {model} | {describe(trial['settings'])} | " + " | ".join(cells)
+            lines.append(row + f" | {', '.join(marks)}{f' (of {len(trials)} tried)' if marks else ''} |")
     return "\n".join(lines)
 
 
@@ -148,21 +155,29 @@ def main(argv: list[str] | None = None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     for key in [] if args.report_only else args.peer:
         subject = peer(key)
-        data = {"peer": subject.name, "date": date.today().isoformat(), "seconds": args.seconds, "warmup": args.warmup,
-                "connections": list(connections), "models": {}}  # fmt: skip
+        path = folder / f"sweep-{key}.json"
+        # the models swept before keep their trials: a sweep of some models replaces only theirs
+        data = json.loads(path.read_text()) if path.exists() else {"peer": subject.name, "models": {}}
+        data.update({"connections": list(connections)})
+        runs = data.setdefault("runs", {})
         for model in args.models:
             print(f"{subject.name}, {model}", flush=True)
             trials = sweep_peer(subject, model, connections, args.seconds, args.warmup)
             chosen = best(trials, connections[-1])
             data["models"][model] = [{"settings": t.settings, "runs": t.runs, "failed": t.failed} for t in trials]
+            runs[model] = {"date": date.today().isoformat(), "seconds": args.seconds, "warmup": args.warmup}
             print(f"  best for {model}: {describe(chosen.settings) if chosen else 'none served'}", flush=True)
-        (folder / f"sweep-{key}.json").write_text(json.dumps(data, indent=1))
+            path.write_text(json.dumps(data, indent=1))
     results = {p.key: json.loads((folder / f"sweep-{p.key}.json").read_text()) for p in peers()
                if (folder / f"sweep-{p.key}.json").exists()}  # fmt: skip
-    text = section(results)
-    print(text)
+    swept = [model for model in registry.models() if any(model in data["models"] for data in results.values())]
+    parts = {model: section(results, model) for model in swept if args.report_only or model in args.models}
+    print("\n\n".join([INTRO, *parts.values()]))
     if not args.no_report:
-        replace_section("peer sweeps", text)
+        replace_section("peer sweeps", INTRO)
+        for model, text in parts.items():
+            earlier = [f"peer sweeps: {other}" for other in registry.models() if other < model]
+            replace_section(f"peer sweeps: {model}", text, after=("peer sweeps", *earlier))
     return 0
 
 

@@ -155,10 +155,19 @@ def test_the_sweep_section_shows_the_best_the_kept_and_the_failed_candidates():
         "models": {"digits": trials},
     }
     text = sweep.section(
-        {"bentoml": data}, kept=lambda key, model, settings: (key, model, settings) == ("bentoml", "digits", {"m": 10})
+        {"bentoml": data},
+        "digits",
+        kept=lambda key, model, settings: (key, model, settings) == ("bentoml", "digits", {"m": 10}),
     )
+    assert text.startswith("### digits\n")
     assert "BentoML: run 2026-11-30, 2 s per point after a 1 s warm-up." in text
     assert "| BentoML | digits | m=10 | 100, 1.0 / 2.0 | 500, 1.0 / 2.0 | kept (of 4 tried) |" in text
     assert "| BentoML | digits | m=100 | 100, 1.0 / 2.0 | 900, 1.0 / 2.0 | best (of 4 tried) |" in text
     assert "| BentoML | digits | m=1 | failed: boom | - |  |" in text
     assert "m=5" not in text
+    # a later sweep of another model keeps this one's date, and its own part names only its own rows
+    data["models"]["minilm"] = [trial({"m": 7}, 50)]
+    data["runs"] = {"minilm": {"date": "2026-12-04", "seconds": 3.0, "warmup": 1.0}}
+    other = sweep.section({"bentoml": data}, "minilm", kept=lambda *_: False)
+    assert "BentoML: run 2026-12-04, 3 s per point after a 1 s warm-up." in other and "| digits |" not in other
+    assert "BentoML: run 2026-11-30" in sweep.section({"bentoml": data}, "digits")
