@@ -155,7 +155,8 @@ test-integration: archive $(SWAP_ARCHIVES)
 # gpu-check, for a machine with CUDA (docs/gpu.md): stops at once, with status 2 and the reason, where CUDA is not
 # available. Else: the CUDA check over the bundle (agreement with the CPU per format and precision, out-of-memory
 # survived per loader, rows/s by batch size; build/gpu-check/gpu-check.{md,json}), the tests marked gpu, then the
-# quick stream benchmark on CUDA in fp32 and bf16 autocast (a TorchServe lane: needs Java). About 8 minutes.
+# quick stream benchmark on CUDA in fp32 and bf16 autocast (a TorchServe lane: needs Java), for every model. About 8
+# minutes for digits and minilm (unmeasured with the classifier).
 # gpu-bundle: both bundles a GPU machine without Java or network needs (docs/gpu.md).
 # gpu-check-bundle: what the check reads (each model's plain weights, inputs, this machine's CPU answers, as its
 # folder's portable.py says), small enough to carry to a GPU machine that has only torch (build/gpu-bundle, ~40 MiB).

@@ -19,7 +19,8 @@ Hooks (declared here, with what scripts/gpu/ does where a model leaves an option
   `long_item`: a row too large for the device alone under a cap, whose request must fail alone (None: not checked);
 - what the speed parts try: `speed_options` (task attributes tried as an extra case, e.g. text padded to a multiple),
   `precision_variants` (handler settings tried with each half precision), `cpu_speed_max_batch` (the largest batch
-  timed on the GPU machine's CPU), `overlap_chunk` (rows per chunk when decoding overlaps the forward pass).
+  timed on the GPU machine's CPU), `overlap_chunk` (rows per chunk when decoding overlaps the forward pass),
+  `throughput_rows` (the request sizes a device call times in rows/s, each decoded on one CPU thread there).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Portable:
     oom_rows: int | None = None
     cpu_speed_max_batch: int = 4096
     overlap_chunk: int = 512
+    throughput_rows: tuple[int, ...] = (64, 512, 4096)
     speed_options: Mapping[str, Any] = {}
     precision_variants: Mapping[str, Mapping[str, Any]] = {}
     packages: tuple[str, ...] = ()  # pure-Python packages `eager` imports that a GPU machine may lack

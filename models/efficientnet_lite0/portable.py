@@ -38,6 +38,7 @@ class EfficientNetLite0(Portable):
     oom_rows = 256  # the bulk lane's max_request_rows
     cpu_speed_max_batch = 64  # tens of ms an image on a CPU thread
     overlap_chunk = 64  # every chunk's photographs decoded and resized on the CPU
+    throughput_rows = (16, 64, 256)  # 256: the bulk lane's max_request_rows (a photograph decodes in ms)
     packages = ("efficientnet_lite_pytorch",)
 
     def items(self) -> list[Any]:

@@ -31,6 +31,7 @@ import torch
 from models import registry
 from models.portable import copy_packages, of
 from scripts import cli
+from scripts.archive.reader import MarFile
 from scripts.errors import ArchiveError
 from scripts.layout import BUILD, MODEL_STORE
 
@@ -48,6 +49,12 @@ def archive_entries(name: str) -> dict[str, bytes]:
     if not path.exists():
         raise ArchiveError(f"{path} is missing: run `make archive` first")
     model_file = registry.model(name).handler_config()["handler"]["model_file"]
+    built = MarFile(path).settings().model_file
+    if built != model_file:
+        raise ArchiveError(
+            f"{path} serves {built}, not the folder's {model_file}: the GPU bundle is made from the default archive "
+            f"(make archive without FORMAT or PRECISION); the GPU machine exports every format itself"
+        )
     with zipfile.ZipFile(path) as mar:
         return {
             entry: mar.read(entry)

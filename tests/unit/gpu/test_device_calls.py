@@ -23,7 +23,8 @@ NAMES = list(registry.models())
 
 @pytest.fixture(scope="module")
 def carried(tmp_path_factory):
-    """What `make gpu-check-bundle` writes (the bundle, CPU answers included), for every model."""
+    """What `make gpu-check-bundle` writes (CPU answers included) for every model, with the samples kept by a pruning
+    model as `make gpu-device-prep` keeps them."""
     out = tmp_path_factory.mktemp("gpu-bundle")
     for name in NAMES:
         bundle.write_model(name, out, registry.model(name).samples().instances)
@@ -116,3 +117,28 @@ def test_the_pruned_vocabulary_keeps_every_token_of_the_device_inputs(carried):
     assert {token for encoding in encoded for token in encoding.ids} <= kept
     assert {0, 100, 101, 102} <= kept  # [PAD], [UNK], [CLS], [SEP]
     assert len(kept) < 4000  # of 30,522: the rest are zeros in what travels
+
+
+def test_the_speed_part_times_every_case_the_cpu_allows(carried, tmp_path):
+    report = Report(tmp_path / "out")
+    check = Check(carried, tmp_path / "work", torch.device("cpu"), Budget(600), report, ["digits"])
+    check.formats, check.batch_sizes = ("export",), (1, 8)
+    check.reserve_s = 0
+    check.agreement()
+    check.speed()
+    [rates, overlap] = report.data["speed"]
+    assert rates["model"] == "digits" and all(rate > 0 for rate in rates["rows_per_s"].values())
+    assert overlap["serial_rows_per_s"] > 0 and overlap["overlapped_rows_per_s"] > 0
+
+
+def test_a_device_figure_refuses_to_time_a_refused_request(carried, tmp_path, monkeypatch):
+    monkeypatch.setattr(device_run, "WORK", tmp_path)
+    monkeypatch.setattr(device_run, "CARRIED", carried)
+    archive, _ = device_run.assemble("digits", carried / "digits")
+    core = device_run.core_of(archive)
+    request = device_run.payload("digits", 3)
+    assert request.items[0] == registry.model("digits").samples().instances[registry.model("digits").bench["request"]]
+    assert len(request.items) == 3
+    device_run.answered(core, request)()  # answered 200: timed
+    with pytest.raises(device_run.ScriptError, match="answered 400"):
+        device_run.answered(core, device_run.Payload(items=[[1, 2, 3]], raw=False))
