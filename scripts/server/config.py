@@ -84,7 +84,7 @@ class ServerConfig:
         entries = [f"{lane}={name}" for lane, name in self.loaded_lanes().items() if name == archive]
         if not entries:
             raise ConfigError(
-                f"{self.path} loads no lane from {archive}: add it to load_models (e.g. load_models=digits={archive},...)"
+                f"{self.path} loads no lane from {archive}: add it to load_models (load_models=<lane>={archive},...)"
             )
         return {"load_models": ",".join(entries)}
 
