@@ -219,7 +219,7 @@ verify: $(foreach m,$(MODELS),model_store/$(m).mar)
 # PyTriton, each with the settings its sweep kept) under wrk and k6, then 1M-row batch jobs through the bulk lane
 # and in-process against the pipeline ceiling, then each stream lane beside a full-speed batch job (scripts/bench/beside.py);
 # writes docs/benchmarks.md and docs/bench/*.png. bench-quick: the
-# same with short runs and fewer points on digits, no report. bench-sweep: each peer's candidate settings, briefly
+# same with short runs and fewer points on the first model (digits), no report. bench-sweep: each peer's candidate settings, briefly
 # (PEERS="flask ray" for some; build/bench/sweep-<peer>.json and docs/benchmarks.md's "Peers' sweeps").
 PEERS ?= flask litserve ray bentoml pytriton
 bench: archive
@@ -236,7 +236,7 @@ bench-beside: archive
 	$(PY) -m scripts.bench.beside $(BESIDE_ARGS)
 bench-quick: archive
 	@command -v wrk >/dev/null || { echo "make bench-quick needs wrk: apt-get install wrk" >&2; exit 2; }
-	$(PY) -m scripts.bench.stream --quick --models digits --no-report
+	$(PY) -m scripts.bench.stream --quick --models $(firstword $(MODELS)) --no-report
 bench-sweep: archive
 	@command -v wrk >/dev/null || { echo "make bench-sweep needs wrk: apt-get install wrk" >&2; exit 2; }
 	$(PY) -m scripts.bench.sweep --peer $(PEERS)

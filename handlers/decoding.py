@@ -14,7 +14,6 @@ import numpy as np
 import orjson
 
 from handlers.errors import RequestError, too_large, unsupported_media
-from handlers.torchserve.worker_protocol import UnreadValue
 
 INSTANCES = "instances"
 BLANK_BYTES, BLANK_TEXT = re.compile(rb"[ \t\r\n]*"), re.compile(r"[ \t\r\n]*")
@@ -27,6 +26,22 @@ NPY_KINDS = "biuf"
 NPY_VERSIONS = {(1, 0), (2, 0), (3, 0)}
 # A JSON value's type as a client would name it, for messages.
 JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+class UnreadValue:
+    """Stands for a request value that was longer than the lane takes: its length, not its bytes (the worker's
+    message reader, handlers/torchserve/worker_protocol.py, leaves such values unread; read_request answers 413)."""
+
+    __slots__ = ("length",)
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"UnreadValue({self.length})"
 
 
 @dataclass(frozen=True)

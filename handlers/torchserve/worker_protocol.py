@@ -37,6 +37,8 @@ import struct
 import sys
 import time
 
+from handlers.decoding import UnreadValue
+
 logger = logging.getLogger(__name__)
 
 # The TorchServe release whose frames and reader this module was compared with.
@@ -47,21 +49,6 @@ PREDICT_MSG = b"I"
 _INT = struct.Struct("!i")
 _BOOL = struct.Struct("!?")
 END = -1
-
-
-class UnreadValue:
-    """Stands for a request value that was longer than the lane takes: its length, not its bytes."""
-
-    __slots__ = ("length",)
-
-    def __init__(self, length: int) -> None:
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __repr__(self) -> str:
-        return f"UnreadValue({self.length})"
 
 
 class FrameReader:

@@ -58,6 +58,14 @@ class BulkResult:
         local = self.rate(self.in_process)
         return self.rate(self.served) / local if local else 0.0
 
+    def request_ms(self) -> str:
+        """p50 / p99 ms of the bulk lane's requests (one chunk each), every round's together."""
+        seconds = sorted(second for run in self.served for second in run.request_seconds)
+        if not seconds:
+            return "n/a"
+        p50, p99 = (seconds[min(len(seconds) - 1, int(q * len(seconds)))] * 1000 for q in (0.50, 0.99))
+        return f"{p50:,.0f} / {p99:,.0f} ({len(seconds)})"
+
     def row(self) -> str:
         met = "met" if self.ratio >= TARGET else "**missed**"
         rounds = " / ".join(
@@ -65,7 +73,7 @@ class BulkResult:
         )
         return (
             f"| {self.model} | {date.today().isoformat()} | {self.rows:,} | {self.chunk_size} | {self.rate(self.served):,.1f} | "
-            f"{self.rate(self.in_process):,.1f} | {self.ratio:.2f}x ({rounds}) | >= {TARGET:g}x | {met} |"
+            f"{self.request_ms()} | {self.rate(self.in_process):,.1f} | {self.ratio:.2f}x ({rounds}) | >= {TARGET:g}x | {met} |"
         )
 
 
@@ -136,10 +144,12 @@ def report(results: list[BulkResult], seconds: float, kept: list[str] = ()) -> s
         f"On {machine()} (`python -m scripts.bench.bulk`; a row says when; `--models` rewrites its own): each model's samples "
         f"repeated to about {seconds:g} s of in-process work, as JSONL; the job through the bulk lane of a TorchServe "
         "serving that model, and the same job `--in-process`, alternated; every output row checked against its "
-        "sample's answer (both runners answered every row, exactly once, as the samples say).",
+        "sample's answer (both runners answered every row, exactly once, as the samples say). A request of the bulk lane "
+        "is one chunk, 8 in flight: its p50 / p99 ms, from sending it to its answer (and how many requests).",
         "",
-        "| model | measured | rows | chunk | bulk lane rows/s | in-process rows/s | bulk / in-process (each round) | goal | |",
-        "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |",
+        "| model | measured | rows | chunk | bulk lane rows/s | bulk lane p50 / p99 ms a request | in-process rows/s "
+        "| bulk / in-process (each round) | goal | |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | --- |",
         *sorted([*(result.row() for result in results), *kept]),
     ]
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from scripts import cli
 from scripts.errors import ConfigError
 from scripts.layout import JSON
 from scripts.server.config import ServerConfig
-from scripts.server.endpoints import Endpoints, token_refused
+from scripts.server.endpoints import Endpoints, predict
 
 # TorchServe 0.12 answers 503 'Model "<lane>" has no worker to serve inference request. Please use scale workers
 # API to add workers. ...' both when the lane's queue already holds job_queue_size requests and when the lane has
@@ -35,29 +35,6 @@ def content_type(path: Path) -> str:
     if path.suffix == ".json":
         return JSON
     return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-
-
-def predict(
-    endpoints: Endpoints,
-    model: str,
-    body: bytes,
-    kind: str,
-    version: str | None = None,
-    timeout: float = 300,
-    session: requests.Session | None = None,
-    headers: dict[str, str] | None = None,
-) -> requests.Response:
-    """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
-    (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
-    keep the connection open across many calls (batch jobs); `headers` are sent as well. A token TorchServe refused because it
-    expired or was rotated meanwhile is replaced and the request sent once more (Endpoints.with_token)."""
-    url = endpoints.prediction_url(model, version)
-
-    def send(token: str) -> requests.Response:
-        sent = {**(headers or {}), "Authorization": f"Bearer {token}", "Content-Type": kind}
-        return (session or requests).post(url, data=body, headers=sent, timeout=timeout)
-
-    return endpoints.with_token("inference", send, token_refused)
 
 
 def unavailable_reason(endpoints: Endpoints, lane: str, reply: requests.Response, job_queue_size: int) -> str | None:

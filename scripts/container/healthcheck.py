@@ -1,7 +1,8 @@
 """The image's HEALTHCHECK and the pod's probes: TorchServe's /ping answers 200 "Healthy" (and through the front door
 too, where the config names one), and with `--ready`
 every lane (every model the management API lists) has a worker in state READY and the entry point has warmed
-every lane (its marker, warmed-up.json, stands next to key_file.json: scripts/container/warm.py).
+every lane and found each answering its model's samples as samples.json says (its marker, warmed-up.json, stands
+next to key_file.json and records both: scripts/container/warm.py).
 
 TorchServe 0.12 puts /ping behind the inference token too, so this reads key_file.json from the key volume,
 and renews a key that has expired through TorchServe's /token with the never-expiring API key
@@ -16,6 +17,7 @@ config's. Exits 0 when healthy, 1 otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,8 +99,20 @@ def check(config: Path, key_file: Path, ready: bool = False, warmed: bool = Fals
             raise ServerError(f"the front door {through}: HTTP {reply.status_code} {' '.join(reply.text.split())[:200]}")
     if ready:
         check_lanes(endpoints)
-    if warmed and not key_file.with_name(WARMED_MARKER).exists():
-        raise ServerError(f"the lanes are not warmed up yet (no {key_file.with_name(WARMED_MARKER)}; the entry point writes it)")
+    if warmed:
+        check_warmed(key_file.with_name(WARMED_MARKER))
+
+
+def check_warmed(path: Path) -> None:
+    """ServerError until the entry point's marker is there, and while it says a lane failed its samples gate."""
+    if not path.exists():
+        raise ServerError(f"the lanes are not warmed up yet (no {path}; the entry point writes it)")
+    try:
+        failed = json.loads(path.read_text()).get("failed_gates") or []
+    except (ValueError, AttributeError):
+        raise ServerError(f"{path}: not the entry point's JSON record; remove it, the next warm-up writes it again") from None
+    if failed:
+        raise ServerError(f"a lane answers its model's samples otherwise than samples.json says ({path}): {'; '.join(failed)}")
 
 
 def check_lanes(endpoints: Endpoints) -> None:

@@ -35,7 +35,7 @@ from scripts.errors import ScriptError
 from scripts.hardening import subject
 from scripts.layout import BUILD, JSON
 from scripts.server.endpoints import Endpoints
-from scripts.swap.gates import GateResult, gate
+from scripts.server.samples_gate import GateResult, gate
 from scripts.swap.management import ManagementApi
 
 PREDICTIONS = "/predictions/{model_name}"

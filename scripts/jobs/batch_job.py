@@ -108,6 +108,8 @@ class JobSummary:
     seconds: float
     output: Path
     errors: Path
+    # Each request's seconds to its answer, for a job sent to a lane (ServerRunner.latencies); empty in process.
+    request_seconds: tuple[float, ...] = ()
 
     @property
     def rows_per_second(self) -> float:
@@ -188,7 +190,8 @@ def _run_job(config: JobConfig, workers: int) -> JobSummary:
     sink.finish()
     seconds = time.perf_counter() - started
     done = sink.progress
-    return JobSummary(runner.name, total, resumed_at, done.predicted, done.failed, seconds, paths.output, paths.errors)
+    latencies = tuple(getattr(runner, "latencies", ()))
+    return JobSummary(runner.name, total, resumed_at, done.predicted, done.failed, seconds, paths.output, paths.errors, latencies)
 
 
 def _runner(config: JobConfig):

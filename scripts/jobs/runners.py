@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,9 @@ class ServerRunner:
     timeout: float = 600.0
     job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE
     _local: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
+    # Seconds from sending each request to its answer, whatever the answer (list.append is atomic under the GIL, so
+    # the job's threads share it): the bulk lane's p50/p99 a request in the bench (scripts/bench/bulk.py).
+    latencies: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -127,10 +131,12 @@ class ServerRunner:
             body, media = encode_chunk(instances, self.size_limit)
         except RowTooLarge as error:
             return Reply(413, {"code": 413, "type": "RequestTooLarge", "message": str(error)})
+        sent = time.perf_counter()
         try:
             reply = predict(self.endpoints, self.lane, body, media, timeout=self.timeout, session=self._session())
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientError(f"no answer from {self.endpoints.prediction_url(self.lane)}: {error}") from None
+        self.latencies.append(time.perf_counter() - sent)
         if token_refused(reply):  # even after a fresh key (predict renews): no row could pass, stop the job
             raise JobError(f"TorchServe refused the inference token from {self.endpoints.key_file}: {reply.json()['message']}")
         try:

@@ -93,11 +93,16 @@ class Endpoints:
             key_file=key_file,
         )
 
-    def token(self, kind: str) -> str:
-        """The 'inference' or 'management' key TorchServe wrote, renewed first if the file says it expired."""
+    def token(self, kind: str, lasting_s: float = 0.0) -> str:
+        """The 'inference' or 'management' key TorchServe wrote, renewed first if the file says it expired, or
+        expires within `lasting_s` (a load generator that cannot renew a key, wrk, needs one that outlives its run)."""
         key = read_key(self.key_file, kind)
         if key.expired():
             return self.renew(kind, key.value) or key.value
+        if lasting_s and key.expired(RENEW_MARGIN + timedelta(seconds=lasting_s)):
+            with _RENEWING:
+                fresh = read_key(self.key_file, kind, fresh=True)
+                return fresh.value if fresh.value != key.value else self.rotate(kind)
         return key.value
 
     def auth(self, kind: str) -> dict[str, str]:
@@ -165,6 +170,29 @@ def token_refused(reply: requests.Response) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("type") == INVALID_KEY
+
+
+def predict(
+    endpoints: Endpoints,
+    model: str,
+    body: bytes,
+    kind: str,
+    version: str | None = None,
+    timeout: float = 300,
+    session: requests.Session | None = None,
+    headers: dict[str, str] | None = None,
+) -> requests.Response:
+    """One POST to /predictions/<model>[/<version>] with the inference token and a real content type
+    (without one, curl-style form encoding makes TorchServe mangle binary bodies). Pass a `session` to
+    keep the connection open across many calls (batch jobs); `headers` are sent as well. A token TorchServe refused because it
+    expired or was rotated meanwhile is replaced and the request sent once more (Endpoints.with_token)."""
+    url = endpoints.prediction_url(model, version)
+
+    def send(token: str) -> requests.Response:
+        sent = {**(headers or {}), "Authorization": f"Bearer {token}", "Content-Type": kind}
+        return (session or requests).post(url, data=body, headers=sent, timeout=timeout)
+
+    return endpoints.with_token("inference", send, token_refused)
 
 
 def read_key(key_file: Path, kind: str, fresh: bool = False) -> Key:

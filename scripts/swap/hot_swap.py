@@ -34,8 +34,8 @@ from scripts.errors import ArchiveError, ScriptError
 from scripts.layout import JSON
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
+from scripts.server.samples_gate import GateResult, gate, probe
 from scripts.server.warmup import WarmUp, warm_version
-from scripts.swap.gates import GateResult, gate, probe
 from scripts.swap.management import ManagementApi, ManagementError, VersionState
 
 HISTORY = "swap-history.json"

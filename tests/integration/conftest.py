@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from models import registry
 from scripts.layout import MODEL_STORE
 from scripts.server.endpoints import Endpoints
 from scripts.server.process import Server
@@ -33,25 +34,23 @@ def start_server(
         yield RunningServer(server, server.endpoints, workdir, server.model_store)
 
 
-# The session's servers stand behind the front door, as `make serve`'s does: their endpoints are the front door's,
-# `server.torchserve_endpoints` TorchServe's own.
-@pytest.fixture(scope="session")
-def digits_server(tmp_path_factory):
-    yield from start_server(tmp_path_factory.mktemp("torchserve"), ["digits.mar"], only_lanes_of("digits.mar"), front_door=True)
+# The session's servers, one a model of models/ (the fixture <model>_server, made below from the folders: a new
+# model's folder brings its own), stand behind the front door, as `make serve`'s does: their endpoints are the front
+# door's, `server.torchserve_endpoints` TorchServe's own.
+def _server_fixture(model: str):
+    @pytest.fixture(scope="session", name=f"{model}_server")
+    def fixture(tmp_path_factory):
+        archive = f"{model}.mar"
+        if not (MODEL_STORE / archive).exists():
+            pytest.fail(f"model_store/{archive} is built by `make archive` (make test builds it first)")
+        workdir = tmp_path_factory.mktemp(f"torchserve-{model}")
+        yield from start_server(workdir, [archive], only_lanes_of(archive), front_door=True)
+
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def minilm_server(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("torchserve-minilm")
-    yield from start_server(workdir, ["minilm.mar"], only_lanes_of("minilm.mar"), front_door=True)
-
-
-@pytest.fixture(scope="session")
-def efficientnet_lite0_server(tmp_path_factory):
-    if not (MODEL_STORE / "efficientnet_lite0.mar").exists():
-        pytest.skip("model_store/efficientnet_lite0.mar is built by `make archive`")
-    workdir = tmp_path_factory.mktemp("torchserve-efficientnet")
-    yield from start_server(workdir, ["efficientnet_lite0.mar"], only_lanes_of("efficientnet_lite0.mar"), front_door=True)
+for _model in registry.models():
+    globals()[f"{_model}_server"] = _server_fixture(_model)
 
 
 def model_server(request: pytest.FixtureRequest, model: str) -> RunningServer:

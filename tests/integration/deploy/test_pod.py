@@ -1,6 +1,7 @@
-"""The pod's own parts against a real TorchServe (the session's digits server): the probes' health check exactly as
-deployment.yaml runs it, and the gateway (nginx with deploy/k8s/gateway/) admitting the client token and forwarding
-with the server's key. Only paths and ports differ from the pod: the key file's and TorchServe's, the gateway's."""
+"""The pod's own parts against a real TorchServe (the session's server of each model; digits' for the gateway): the
+probes' health check exactly as deployment.yaml runs it, the entry point's warm-up and samples gate, and the gateway
+(nginx with deploy/k8s/gateway/) admitting the client token and forwarding with the server's key. Only paths and
+ports differ from the pod: the key file's and TorchServe's, the gateway's."""
 
 from __future__ import annotations
 
@@ -17,23 +18,25 @@ import pytest
 import requests
 import yaml
 
+from models import registry
 from scripts.container.warm import marker, warm
 from scripts.deploy.manifests import K8S
 from scripts.deploy.memory import GATEWAY_CONF, gateway_limits
 from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
+from tests.integration.conftest import model_server
 
 CLIENT_TOKEN = "client-token-for-the-gateway-test"
 INSTALL_NGINX = "install nginx with its njs module: `apt-get install -y nginx libnginx-mod-http-js` (Debian/Ubuntu)"
 
 
-def probe_command(digits_server, key_file: Path, probe: str = "readinessProbe") -> list[str]:
+def probe_command(served, key_file: Path, probe: str = "readinessProbe") -> list[str]:
     """The probe's command as deployment.yaml runs it, on this server's config and key file."""
     deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
     torchserve = deployment["spec"]["template"]["spec"]["containers"][0]
     command = list(torchserve[probe]["exec"]["command"])
     command[0] = sys.executable  # the image's python
-    command[command.index("--config") + 1] = str(digits_server.server.config)
+    command[command.index("--config") + 1] = str(served.server.config)
     command[command.index("--key-file") + 1] = str(key_file)
     return command
 
@@ -42,22 +45,37 @@ def run_probe(command: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def test_readiness_waits_for_the_entry_points_warm_up(digits_server):
-    """Start-up and readiness fail until every lane has been warmed (the marker the entry point writes after the
-    warm-up), liveness does not wait; the warm-up itself is the entry point's, on the real lanes."""
-    key_file = digits_server.endpoints.key_file
+@pytest.mark.parametrize("model", sorted(registry.models()))
+def test_readiness_waits_for_the_entry_points_warm_up_and_its_samples_gate(request, model):
+    """Start-up and readiness fail until every lane has been warmed and has answered its model's samples as
+    samples.json says (the marker the entry point writes after both), liveness does not wait; the warm-up and the
+    gate are the entry point's, on the real lanes of each model's server."""
+    served = model_server(request, model)
+    key_file, lanes = served.endpoints.key_file, registry.model(model).lane_names
     marker(key_file).unlink(missing_ok=True)
     for probe in ("startupProbe", "readinessProbe"):
-        waiting = run_probe(probe_command(digits_server, key_file, probe))
+        waiting = run_probe(probe_command(served, key_file, probe))
         assert waiting.returncode != 0 and "not warmed up yet" in waiting.stderr, waiting.stderr
-    assert run_probe(probe_command(digits_server, key_file, "livenessProbe")).returncode == 0
-    warmed = warm(digits_server.server.config, key_file, seconds=0.5, burst_seconds=1.0 if shutil.which("wrk") else 0)
-    assert {w.lane for w in warmed} == {"digits", "digits-bulk"} and all(w.requests > 0 and w.failed == 0 for w in warmed)
+    assert run_probe(probe_command(served, key_file, "livenessProbe")).returncode == 0
+    warmed = warm(served.server.config, key_file, seconds=0.5, burst_seconds=1.0 if shutil.which("wrk") else 0)
+    assert {w.lane for w in warmed} == set(lanes) and all(w.requests > 0 and w.failed == 0 for w in warmed)
     record = json.loads(marker(key_file).read_text())
-    assert record["lanes"] == ["digits", "digits-bulk"]
+    assert record["lanes"] == list(lanes)
     assert sum(w["requests"] for w in record["warm_ups"]) == sum(w.requests for w in warmed)
-    passed = run_probe(probe_command(digits_server, key_file))
+    # Every lane answered every sample as samples.json says (the same gate as hot-swap's) before the marker.
+    samples = len(registry.model(model).samples().instances)
+    assert set(record["samples"]) == set(lanes) and record["failed_gates"] == []
+    for lane, summary in record["samples"].items():
+        assert summary.startswith(f"gate passed on {lane}: 100.0% of {samples} samples"), summary
+    passed = run_probe(probe_command(served, key_file))
     assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr
+    # A lane that answered them otherwise keeps readiness failing, named; liveness does not care.
+    wrong = f"gate FAILED on {lanes[-1]}: 90.0% of 10 samples answered as expected (need 100%): sample 3: label 5 != 3"
+    marker(key_file).write_text(json.dumps({**record, "failed_gates": [wrong]}))
+    refused = run_probe(probe_command(served, key_file))
+    assert refused.returncode != 0 and wrong in refused.stderr and "samples.json" in refused.stderr, refused.stderr
+    assert run_probe(probe_command(served, key_file, "livenessProbe")).returncode == 0
+    marker(key_file).write_text(json.dumps(record))
 
 
 def test_the_probes_pass_with_the_servers_key_and_fail_without_it(digits_server, tmp_path):

@@ -11,7 +11,7 @@ import schemathesis
 from models import registry
 from scripts.hardening import fuzz
 from scripts.layout import JSON
-from scripts.swap.gates import gate
+from scripts.server.samples_gate import gate
 from scripts.swap.management import ManagementApi
 from tests.integration.conftest import model_server
 

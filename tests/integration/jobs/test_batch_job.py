@@ -32,6 +32,9 @@ def test_the_bulk_lane_and_the_in_process_runner_agree(digits_server, tmp_path):
     server = run_job(digits_job(source, tmp_path / "server.jsonl", chunk_size=40, concurrency=3, **on_server(digits_server)))
     local = run_job(digits_job(source, tmp_path / "local.jsonl", chunk_size=40, in_process=True, archive=ARCHIVE))
     assert (server.predicted, server.failed, local.predicted, local.failed) == (200, 0, 200, 0)
+    # Each of the 5 requests of 40 rows timed from sending to its answer (the bulk bench's p50/p99); none in process.
+    assert len(server.request_seconds) == 5 and all(0 < s < 60 for s in server.request_seconds)
+    assert local.request_seconds == ()
     from_server, from_local = read_results(tmp_path / "server.jsonl"), read_results(tmp_path / "local.jsonl")
     assert [r["id"] for r in from_server] == [r["id"] for r in from_local] == [f"digit-{n}" for n in range(200)]
     assert [r["prediction"]["label"] for r in from_server] == [r["prediction"]["label"] for r in from_local]

@@ -25,7 +25,7 @@ from scripts.jobs.runners import ServerRunner
 from scripts.layout import JSON
 from scripts.server.endpoints import Endpoints, read_key
 from scripts.server.endpoints import main as endpoints_command
-from scripts.swap.gates import gate
+from scripts.server.samples_gate import gate
 from scripts.swap.hot_swap import Swapper
 from scripts.swap.management import ManagementApi
 

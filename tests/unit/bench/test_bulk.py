@@ -3,6 +3,7 @@ against them, and a partial run keeping the other models' rows of its region."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import orjson
@@ -59,3 +60,14 @@ def test_a_partial_run_keeps_the_rows_of_the_models_it_did_not_run():
     )
     assert bulk.kept_rows(page, {"digits"}) == ["| minilm | 2026-12-02 | 20 |"]
     assert bulk.kept_rows("no region here", {"digits"}) == []
+
+
+def test_the_bulk_lanes_p50_and_p99_are_its_requests_own(tmp_path):
+    output = tmp_path / "out.jsonl"
+    result = bulk.BulkResult("digits", 10, 5)
+    assert result.request_ms() == "n/a"  # no request timed: said, not a zero
+    # Two rounds of 100 requests: 1..100 ms and 101..200 ms; the percentiles are over all 200 together.
+    for first in (1, 101):
+        seconds = tuple(ms / 1000 for ms in range(first, first + 100))
+        result.served.append(dataclasses.replace(summary(output, 10), request_seconds=seconds))
+    assert result.request_ms() == "101 / 199 (200)"

@@ -14,10 +14,10 @@ import types
 import pytest
 from ts.protocol import otf_message_handler as torchserve
 
-from handlers.decoding import RequestLimits, read_request
+from handlers.decoding import RequestLimits, UnreadValue, read_request
 from handlers.errors import RequestError
 from handlers.torchserve import worker_protocol
-from handlers.torchserve.worker_protocol import CHECKED_RELEASE, FrameReader, UnreadValue
+from handlers.torchserve.worker_protocol import CHECKED_RELEASE, FrameReader
 
 END = struct.pack("!i", -1)
 

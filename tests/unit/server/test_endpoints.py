@@ -77,6 +77,16 @@ def test_an_expired_key_is_renewed_through_the_management_api_before_use(endpoin
         endpoints.rotate("API")
 
 
+def test_a_key_that_would_expire_during_a_run_is_renewed_before_it(endpoints):
+    """wrk sends one token for its whole run: a key with 10 s left serves a 5 s run, not a 20 s one (renewing it
+    reaches for the management API, which does not answer here)."""
+    write_keys(endpoints.key_file, "current", datetime.now(UTC) + timedelta(seconds=10))
+    assert endpoints.token("inference", lasting_s=5) == "current"
+    with pytest.raises(ConfigError, match="cannot renew the inference key"):
+        endpoints.token("inference", lasting_s=20)
+    assert endpoints.token("inference") == "current"  # a plain request needs only the margin
+
+
 def test_a_key_file_that_stays_empty_is_named(tmp_path):
     (tmp_path / "key_file.json").write_text("")
     with pytest.raises(ConfigError, match="has no 'inference' key \\(or is still being written\\)"):

@@ -15,7 +15,7 @@ from scripts.errors import ConfigError
 from scripts.layout import CONFIG, ROOT
 from scripts.server.config import LaneSettings, ServerConfig
 from scripts.server.endpoints import Endpoints
-from scripts.swap.gates import GateResult, chunk_rows, probe
+from scripts.server.samples_gate import GateResult, chunk_rows, probe
 from scripts.swap.hot_swap import Swapper, SwapRefused
 from scripts.swap.management import ManagementApi
 

@@ -1,8 +1,9 @@
-"""The warm-up gate of a hot-swap: a new version must answer its model's samples (models/<name>/samples.json) as
-they must be answered before it gets traffic.
-
-Requests go to /predictions/<lane>/<version>, so the gate talks to the new version only while the old one still
-serves everyone else. Every model has a gate: its own samples, compared as its samples.json says (models/registry.py).
+"""The samples gate: a lane must answer its model's samples (models/<name>/samples.json) as they must be answered
+before it gets traffic. Two callers: hot-swap's gate on a new version (scripts/swap/hot_swap.py), whose requests go
+to /predictions/<lane>/<version>, so the gate talks to the new version only while the old one still serves everyone
+else; and the pod's warm-up (scripts/container/warm.py), which gates every lane before the readiness marker, so a
+pod whose lanes answer wrongly stays out of its Service. Every model has a gate: its own samples, compared as its
+samples.json says (models/registry.py).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import orjson
 import requests
 
 from models import registry
-from scripts.clients.rest import predict
 from scripts.layout import JSON
-from scripts.server.endpoints import Endpoints
+from scripts.server.endpoints import Endpoints, predict
 
 
 @dataclass
