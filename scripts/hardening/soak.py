@@ -5,7 +5,8 @@
 
 wrk keeps a few connections busy on every model's stream lane (its first samples in one request, so a batch holds
 rows of different shapes) through scripts/bench/loadgen.py, while batch jobs (scripts/jobs/batch_job.py) of its
-samples run one after another through every bulk lane; each model's model.yaml says how many of each (soak:).
+samples run through every bulk lane at once, one after another on each; each model's model.yaml says how many of
+each (soak:).
 Every worker (pids from the management API) and the
 frontend (the workers' parent, the JVM) is sampled with psutil after a warm-up (full batches on the stream
 lanes, then the same traffic) and after the run, both times with no request in flight: resident memory
@@ -18,7 +19,6 @@ larger than the rotation's cap. Writes build/soak.json.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import tempfile
 import threading
 import time
@@ -335,16 +335,18 @@ def burst(work: Workload, folder: Path) -> None:
 
 
 def run_traffic(work: Workload, seconds: float, folder: Path, on_tick=None) -> Traffic:
-    """wrk on every stream lane for `seconds` while batch jobs run one after another on the bulk lanes;
-    `on_tick` is called every SAMPLE_EVERY_S meanwhile (the sampler)."""
+    """wrk on every stream lane for `seconds` while batch jobs run on every bulk lane at once, one after another on
+    each (a lane starved by the stream traffic slows its own jobs, not the others'); `on_tick` is called every
+    SAMPLE_EVERY_S meanwhile (the sampler)."""
     traffic = Traffic()
     done = threading.Event()
-    with ThreadPoolExecutor(max_workers=len(work.stream) + 1, thread_name_prefix="soak") as pool:
+    with ThreadPoolExecutor(max_workers=len(work.stream) + len(work.jobs), thread_name_prefix="soak") as pool:
         streams = {
             lane: pool.submit(loadgen.closed_loop, target, connections, seconds)
             for lane, (target, connections) in work.stream.items()
         }
-        jobs = pool.submit(_jobs_until, work, time.monotonic() + seconds, folder, done)
+        deadline = time.monotonic() + seconds
+        lanes = [pool.submit(_jobs_until, name, job, deadline, folder, done) for name, job in work.jobs.items()]
         try:
             while not all(future.done() for future in streams.values()):
                 if on_tick:
@@ -353,16 +355,16 @@ def run_traffic(work: Workload, seconds: float, folder: Path, on_tick=None) -> T
         finally:
             done.set()
         traffic.stream = {lane: future.result() for lane, future in streams.items()}
-        traffic.jobs = jobs.result()
+        traffic.jobs = [job for future in lanes for job in future.result()]
     return traffic
 
 
-def _jobs_until(work: Workload, deadline: float, folder: Path, stop: threading.Event) -> list[dict]:
-    """Batch jobs, each bulk lane in turn, until the deadline: each one's rows, predictions and rejections."""
-    results = []
-    turns = itertools.cycle(work.jobs.items())
-    while time.monotonic() < deadline and not stop.is_set() and work.jobs:
-        name, (lane, source) = next(turns)
+def _jobs_until(name: str, job: tuple[Lane, Path], deadline: float, folder: Path, stop: threading.Event) -> list[dict]:
+    """Batch jobs through bulk lane `name`, one after another, the first at once and each next one until the
+    deadline: each one's rows, predictions and rejections."""
+    lane, source = job
+    results = [_job(name, lane, source, folder)]
+    while time.monotonic() < deadline and not stop.is_set():
         results.append(_job(name, lane, source, folder))
     return results
 
