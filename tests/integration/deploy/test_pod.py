@@ -19,9 +19,11 @@ import requests
 import yaml
 
 from models import registry
+from scripts.container import healthcheck
 from scripts.container.warm import marker, warm
 from scripts.deploy.manifests import K8S
 from scripts.deploy.memory import GATEWAY_CONF, gateway_limits
+from scripts.errors import ServerError
 from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
 from tests.integration.conftest import model_server
@@ -45,37 +47,59 @@ def run_probe(command: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-@pytest.mark.parametrize("model", sorted(registry.models()))
-def test_readiness_waits_for_the_entry_points_warm_up_and_its_samples_gate(request, model):
+def test_readiness_waits_for_the_entry_points_warm_up_and_its_samples_gate(digits_server):
     """Start-up and readiness fail until every lane has been warmed and has answered its model's samples as
-    samples.json says (the marker the entry point writes after both), liveness does not wait; the warm-up and the
-    gate are the entry point's, on the real lanes of each model's server."""
-    served = model_server(request, model)
-    key_file, lanes = served.endpoints.key_file, registry.model(model).lane_names
+    samples.json says (the marker the entry point writes after both), liveness does not wait; the probes exactly as
+    deployment.yaml runs them, the warm-up and the gate the entry point's, on the real lanes."""
+    key_file = digits_server.endpoints.key_file
     marker(key_file).unlink(missing_ok=True)
     for probe in ("startupProbe", "readinessProbe"):
-        waiting = run_probe(probe_command(served, key_file, probe))
+        waiting = run_probe(probe_command(digits_server, key_file, probe))
         assert waiting.returncode != 0 and "not warmed up yet" in waiting.stderr, waiting.stderr
-    assert run_probe(probe_command(served, key_file, "livenessProbe")).returncode == 0
-    warmed = warm(served.server.config, key_file, seconds=0.5, burst_seconds=1.0 if shutil.which("wrk") else 0)
+    assert run_probe(probe_command(digits_server, key_file, "livenessProbe")).returncode == 0
+    record = warmed_and_gated(digits_server, "digits")
+    passed = run_probe(probe_command(digits_server, key_file))
+    assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr
+    # A lane that answered them otherwise keeps readiness failing, named; liveness does not care.
+    wrong = "gate FAILED on digits-bulk: 90.0% of 10 samples answered as expected (need 100%): sample 3: label 5 != 3"
+    marker(key_file).write_text(json.dumps({**record, "failed_gates": [wrong]}))
+    refused = run_probe(probe_command(digits_server, key_file))
+    assert refused.returncode != 0 and wrong in refused.stderr and "samples.json" in refused.stderr, refused.stderr
+    assert run_probe(probe_command(digits_server, key_file, "livenessProbe")).returncode == 0
+    marker(key_file).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("model", sorted(set(registry.models()) - {"digits"}))
+def test_every_models_lanes_are_warmed_and_gated_on_its_own_samples_before_ready(request, model):
+    """The same warm-up and gate on each other model's server (the readiness check in process: the probes' command
+    is the test above's)."""
+    served = model_server(request, model)
+    key_file = served.endpoints.key_file
+    marker(key_file).unlink(missing_ok=True)
+    with pytest.raises(ServerError, match="not warmed up yet"):
+        healthcheck.check(served.server.config, key_file, ready=True, warmed=True)
+    record = warmed_and_gated(served, model)
+    healthcheck.check(served.server.config, key_file, ready=True, warmed=True)
+    marker(key_file).write_text(json.dumps({**record, "failed_gates": [f"gate FAILED on {model}-bulk: ..."]}))
+    with pytest.raises(ServerError, match=f"otherwise than samples.json says .*gate FAILED on {model}-bulk"):
+        healthcheck.check(served.server.config, key_file, ready=True, warmed=True)
+    marker(key_file).write_text(json.dumps(record))
+
+
+def warmed_and_gated(served, model: str) -> dict:
+    """The entry point's warm-up on `served`'s lanes, checked: every lane warmed without a failed request and
+    gated on every sample of its model (the same gate as hot-swap's) before the marker; the marker's record."""
+    lanes = registry.model(model).lane_names
+    warmed = warm(served.server.config, served.endpoints.key_file, seconds=0.5, burst_seconds=1.0 if shutil.which("wrk") else 0)
     assert {w.lane for w in warmed} == set(lanes) and all(w.requests > 0 and w.failed == 0 for w in warmed)
-    record = json.loads(marker(key_file).read_text())
+    record = json.loads(marker(served.endpoints.key_file).read_text())
     assert record["lanes"] == list(lanes)
     assert sum(w["requests"] for w in record["warm_ups"]) == sum(w.requests for w in warmed)
-    # Every lane answered every sample as samples.json says (the same gate as hot-swap's) before the marker.
     samples = len(registry.model(model).samples().instances)
     assert set(record["samples"]) == set(lanes) and record["failed_gates"] == []
     for lane, summary in record["samples"].items():
         assert summary.startswith(f"gate passed on {lane}: 100.0% of {samples} samples"), summary
-    passed = run_probe(probe_command(served, key_file))
-    assert (passed.returncode, passed.stdout.strip()) == (0, "Healthy"), passed.stderr
-    # A lane that answered them otherwise keeps readiness failing, named; liveness does not care.
-    wrong = f"gate FAILED on {lanes[-1]}: 90.0% of 10 samples answered as expected (need 100%): sample 3: label 5 != 3"
-    marker(key_file).write_text(json.dumps({**record, "failed_gates": [wrong]}))
-    refused = run_probe(probe_command(served, key_file))
-    assert refused.returncode != 0 and wrong in refused.stderr and "samples.json" in refused.stderr, refused.stderr
-    assert run_probe(probe_command(served, key_file, "livenessProbe")).returncode == 0
-    marker(key_file).write_text(json.dumps(record))
+    return record
 
 
 def test_the_probes_pass_with_the_servers_key_and_fail_without_it(digits_server, tmp_path):
