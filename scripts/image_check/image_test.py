@@ -198,7 +198,8 @@ def check_non_root(podman: Podman, name: str) -> None:
 
 
 def check_warmed(container: Container, figures: Figures) -> None:
-    """The entry point warmed every lane before the HEALTHCHECK passed: its record in the key volume."""
+    """The entry point warmed every lane, and found each answering its model's samples, before the HEALTHCHECK
+    passed: its record in the key volume."""
     path = container.keys / WARMED_MARKER
     record = json.loads(path.read_text()) if path.exists() else {}
     warmed = record.get("warm_ups", [])
@@ -208,6 +209,9 @@ def check_warmed(container: Container, figures: Figures) -> None:
     expected_burst = burst_lane(lanes)
     if answered != lanes or burst.get("lane") != expected_burst or burst.get("requests", 0) - burst.get("failed", 0) < 1000:
         raise ImageTestError(f"the warm-up record {path} does not show a wrk burst and every lane {lanes} answered: {record}")
+    gated = record.get("samples", {})
+    if sorted(gated) != lanes or record.get("failed_gates") != [] or not all(" passed on " in v for v in gated.values()):
+        raise ImageTestError(f"the warm-up record {path} does not show every lane {lanes} passing its samples gate: {record}")
     figures.warm_up_requests = sum(w["requests"] for w in warmed)
     figures.warm_up_failed = sum(w["failed"] for w in warmed)
 
