@@ -35,7 +35,7 @@ from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
-from scripts.bench.report import machine, replace_section
+from scripts.bench.report import machine, percentile, replace_section
 from scripts.bench.stream import request_body
 from scripts.jobs.example import write_example
 from scripts.layout import MODEL_STORE, ROOT
@@ -523,13 +523,6 @@ def _wakeups(seconds: float) -> list[float]:
 # -- the report ------------------------------------------------------------------------------------------
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def targets(result: ModelResult, plan: Plan) -> list[tuple[str, float, float, bool]]:
     """(what, ratio, bound, met): p99/p50 beside a bulk lane job at each load the issue names, what the job took."""
     rows = []
@@ -654,10 +647,10 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
     ]
     for hold in hold_results:
         cells = [
-            f"{_pct(h, 0.5):.3f} / {_pct(h, 0.99):.3f} / {max(h, default=float('nan')):.3f} ({len(h)})"
+            f"{percentile(h, 0.5):.3f} / {percentile(h, 0.99):.3f} / {max(h, default=float('nan')):.3f} ({len(h)})"
             for h in (hold.bounded_ms, hold.after_full_ms)
         ]
-        wake = ", ".join(f"{_pct(v, 0.99):.3f} / {max(v):.3f}" for v in hold.wake_ms.values())
+        wake = ", ".join(f"{percentile(v, 0.99):.3f} / {max(v):.3f}" for v in hold.wake_ms.values())
         lines.append(f"| {hold.model} | {cells[0]} | {cells[1]} | {wake} |")
     return "\n".join(lines)
 

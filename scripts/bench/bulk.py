@@ -29,7 +29,7 @@ import orjson
 from models import registry
 from scripts import cli
 from scripts.archive.reader import MarFile
-from scripts.bench.report import REPORT, TARGETS, machine, replace_section
+from scripts.bench.report import REPORT, TARGETS, machine, percentile, replace_section
 from scripts.errors import ScriptError
 from scripts.jobs.batch_job import JobConfig, JobSummary, run_job
 from scripts.layout import MODEL_STORE
@@ -60,11 +60,10 @@ class BulkResult:
 
     def request_ms(self) -> str:
         """p50 / p99 ms of the bulk lane's requests (one chunk each), every round's together."""
-        seconds = sorted(second for run in self.served for second in run.request_seconds)
+        seconds = [second for run in self.served for second in run.request_seconds]
         if not seconds:
             return "n/a"
-        p50, p99 = (seconds[min(len(seconds) - 1, int(q * len(seconds)))] * 1000 for q in (0.50, 0.99))
-        return f"{p50:,.0f} / {p99:,.0f} ({len(seconds)})"
+        return f"{percentile(seconds, 0.50) * 1000:,.0f} / {percentile(seconds, 0.99) * 1000:,.0f} ({len(seconds)})"
 
     def row(self) -> str:
         met = "met" if self.ratio >= TARGET else "**missed**"

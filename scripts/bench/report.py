@@ -17,6 +17,14 @@ REPORT = ROOT / "docs" / "benchmarks.md"
 TARGETS = json.loads(Path(__file__).with_name("targets.json").read_text())
 
 
+def percentile(values, q: float) -> float:
+    """The nearest-rank `q` quantile of `values` (NaN when there are none)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def machine() -> str:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU used"
     torch_version = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -23,7 +24,7 @@ from scripts.container.config import WARMED_MARKER
 from scripts.container.healthcheck import check, endpoints_for
 from scripts.errors import ScriptError
 from scripts.server.config import ServerConfig
-from scripts.server.samples_gate import GateResult, gate
+from scripts.server.samples_gate import gate
 from scripts.server.warmup import WarmUp, warm_up
 
 POLL_S = 1.0
@@ -51,13 +52,12 @@ def warm(config: Path, key_file: Path, seconds: float = 4.0, burst_seconds: floa
     started = time.monotonic()
     endpoints = endpoints_for(config, key_file)
     warmed = warm_up(endpoints, lanes, seconds, burst_seconds)
-    gates = [gate(endpoints, lane) for lane in lanes]
+    gates = gated(endpoints, lanes)
     record = {
         "lanes": lanes,
         "seconds": round(time.monotonic() - started, 1),
         "warm_ups": [{"lane": w.lane, "requests": w.requests, "failed": w.failed} for w in warmed],
-        "samples": {result.lane: result.summary() for result in gates},
-        "failed_gates": [result.summary() for result in gates if not result.passed],
+        **gates,
     }
     marker(key_file).write_text(json.dumps(record, indent=2) + "\n")
     failed = sum(w.failed for w in warmed)
@@ -70,11 +70,20 @@ def warm(config: Path, key_file: Path, seconds: float = 4.0, burst_seconds: floa
     return warmed
 
 
-def verdict(gates: list[GateResult]) -> str:
-    wrong = [result.summary() for result in gates if not result.passed]
-    if wrong:
-        return "NOT READY, answers its samples wrongly: " + "; ".join(wrong)
-    return f"every lane answers its samples as samples.json says ({sum(result.rows for result in gates)} samples): ready"
+def gated(endpoints, lanes: list[str]) -> dict[str, Any]:
+    """Every lane through its samples gate: the marker's `samples` (each lane's verdict) and `failed_gates` (what
+    `healthcheck --ready` refuses on)."""
+    results = [gate(endpoints, lane) for lane in lanes]
+    return {
+        "samples": {result.lane: result.summary() for result in results},
+        "failed_gates": [result.summary() for result in results if not result.passed],
+    }
+
+
+def verdict(gates: dict[str, Any]) -> str:
+    if gates["failed_gates"]:
+        return "NOT READY, answers its samples wrongly: " + "; ".join(gates["failed_gates"])
+    return f"every lane answers its samples as samples.json says ({len(gates['samples'])} lanes): ready"
 
 
 def warm_when_ready(config: Path, key_file: Path, stop: threading.Event) -> None:
@@ -89,8 +98,6 @@ def warm_when_ready(config: Path, key_file: Path, stop: threading.Event) -> None
         if stop.is_set():
             return
         # Still gated: a pod that answers its samples wrongly stays out of its Service, warmed or not.
-        lanes = ServerConfig.read(config).lanes()
-        gates = [gate(endpoints_for(config, key_file), lane) for lane in lanes]
+        gates = gated(endpoints_for(config, key_file), ServerConfig.read(config).lanes())
         print(f"warm-up failed ({error}); the lanes without it: {verdict(gates)}", flush=True)
-        record = {"error": str(error), "failed_gates": [result.summary() for result in gates if not result.passed]}
-        marker(key_file).write_text(json.dumps(record) + "\n")
+        marker(key_file).write_text(json.dumps({"error": str(error), **gates}) + "\n")

@@ -96,13 +96,9 @@ class Endpoints:
     def token(self, kind: str, lasting_s: float = 0.0) -> str:
         """The 'inference' or 'management' key TorchServe wrote, renewed first if the file says it expired, or
         expires within `lasting_s` (a load generator that cannot renew a key, wrk, needs one that outlives its run)."""
-        key = read_key(self.key_file, kind)
-        if key.expired():
-            return self.renew(kind, key.value) or key.value
-        if lasting_s and key.expired(RENEW_MARGIN + timedelta(seconds=lasting_s)):
-            with _RENEWING:
-                fresh = read_key(self.key_file, kind, fresh=True)
-                return fresh.value if fresh.value != key.value else self.rotate(kind)
+        key, margin = read_key(self.key_file, kind), RENEW_MARGIN + timedelta(seconds=lasting_s)
+        if key.expired(margin):
+            return self.renew(kind, key.value, margin) or key.value
         return key.value
 
     def auth(self, kind: str) -> dict[str, str]:
@@ -125,15 +121,15 @@ class Endpoints:
                 result = send(fresh)
         return result
 
-    def renew(self, kind: str, failed: str) -> str | None:
+    def renew(self, kind: str, failed: str, margin: timedelta = RENEW_MARGIN) -> str | None:
         """A key to use instead of `failed`: the file's if it changed since (someone rotated it), else a
-        new one from TorchServe's /token when `failed` has expired; None when `failed` is the file's
-        current, unexpired key (retrying with it would be refused again)."""
+        new one from TorchServe's /token when `failed` has expired (or expires within `margin`); None when
+        `failed` is the file's current, unexpired key (retrying with it would be refused again)."""
         with _RENEWING:
             key = read_key(self.key_file, kind, fresh=True)
             if key.value != failed:
                 return key.value
-            if not key.expired():
+            if not key.expired(margin):
                 return None
             return self.rotate(kind)
 
