@@ -88,6 +88,7 @@ class InferenceCore:
         self.pinned_copies = True
         # Micro-batches of one call run at once on these threads (run_passes_at_once); None: one after the other.
         self._passes: ThreadPoolExecutor | None = None
+        self._passes_at_once = 1
         # A background lane's cooperative yield (handlers/yielding.py); None: rows run as they come.
         self.yielding: YieldingPasses | None = None
         # -- GPU settings (handlers/device_settings.py): weights cast once, attention kernels, CUDA graphs --
@@ -132,6 +133,7 @@ class InferenceCore:
         if passes <= 1 or self.device.type != "cpu":
             return 1
         self._passes = ThreadPoolExecutor(max_workers=passes, thread_name_prefix="pass")
+        self._passes_at_once = passes
         return passes
 
     @classmethod
@@ -227,7 +229,22 @@ class InferenceCore:
         stages = stages if stages is not None else StageTimes()
         if self.yielding is None or len(rows) <= 1:
             return self._predict(rows, stages)
-        return self.yielding.run(rows, self.task.row_cost, lambda part: self._predict(part, stages))
+        if self._passes is None:
+            return self.yielding.run(rows, self.task.row_cost, lambda part: self._predict(part, stages))
+        # Several pass threads: each takes its own slices (of max_batch_rows at most: one micro-batch, run on it).
+        passes: list[StageTimes] = []
+
+        def one_pass(part: list[Any]) -> list[Any]:
+            times = StageTimes()
+            passes.append(times)
+            return self._predict(part, times)
+
+        started = time.perf_counter()
+        step = self.settings.max_batch_rows
+        results = self.yielding.run_pulled(rows, self.task.row_cost, one_pass, self._passes, self._passes_at_once, step)
+        stages.add_passes(passes, time.perf_counter() - started)
+        stages.oom_splits += sum(times.oom_splits for times in passes)
+        return results
 
     def _predict(self, rows: Sequence[Any], stages: StageTimes | None = None) -> list[Any]:
         """Results for `rows` in their order, run in micro-batches of at most max_batch_rows (and max_batch_tokens).

@@ -1,10 +1,11 @@
 """The stream lanes' busy signal, per host and device: a slot per stream worker in a shared-memory file.
 
-A stream worker writes the clock into its slot when a batch starts and 0 when it ends; a background lane on the
-same device reads the slots between its passes (a few hundred nanoseconds) and cuts its work short while any is
-raised (handlers/yielding.py). Slots are claimed with a lock on their bytes, which the kernel drops when the process
-ends, so a worker that dies frees its slot for the next one; a slot raised longer than STALE_S (past any stream
-lane's response_timeout_s) is read as a worker that died mid-batch, not as traffic.
+A stream worker writes the clock into its slot when a batch starts and the clock negated when it ends; a background
+lane on the same device reads the slots between its passes (a few hundred nanoseconds) and cuts its work short while
+any is raised, or dropped within its linger (handlers/yielding.py). Slots are claimed with a lock on their bytes,
+which the kernel drops when the process ends, so a worker that dies frees its slot for the next one; a slot raised
+longer than STALE_S (past any stream lane's response_timeout_s) is read as a worker that died mid-batch, not as
+traffic.
 """
 
 from __future__ import annotations
@@ -63,21 +64,26 @@ class LaneSignal:
         try:
             yield
         finally:
-            self._slots[self.slot] = 0
+            self._slots[self.slot] = -time.monotonic_ns()  # dropped, and when: a bulk lane lingers after it
 
     def raised_since(self, now_ns: int | None = None) -> int:
         """The clock (time.monotonic_ns, the same in every process) at which the oldest raised slot rose; 0: none."""
         now_ns = now_ns if now_ns is not None else time.monotonic_ns()
-        fresh = now_ns - int(STALE_S * 1e9)
+        fresh = max(0, now_ns - int(STALE_S * 1e9))  # a dropped slot holds a negative clock
         oldest = 0
         for value in self._slots:
             if value > fresh and (oldest == 0 or value < oldest):
                 oldest = value
         return oldest
 
+    def dropped_within(self, window_ns: int, now_ns: int | None = None) -> bool:
+        """Whether a slot dropped (its batch ended) within the last `window_ns`."""
+        since = (now_ns if now_ns is not None else time.monotonic_ns()) - window_ns
+        return any(value < 0 and -value >= since for value in self._slots)
+
     def rises(self, now_ns: int | None = None) -> list[int]:
         """When each raised slot rose (time.monotonic_ns), the stale left out."""
-        fresh = (now_ns if now_ns is not None else time.monotonic_ns()) - int(STALE_S * 1e9)
+        fresh = max(0, (now_ns if now_ns is not None else time.monotonic_ns()) - int(STALE_S * 1e9))
         return [value for value in self._slots if value > fresh]
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ CORE_KEYS = (
     "forward_passes",
     "priority",
     "yield_pass_ms",
+    "yield_linger_ms",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
@@ -101,6 +102,9 @@ class HandlerSettings:
     # A background lane's longest pass, in ms, while a stream lane of its device is busy (handlers/yielding.py);
     # null: 1 on the CPU, 2 on a GPU; 0: no cooperative yield (no signal raised or read).
     yield_pass_ms: float | None = None
+    # How long, in ms, a background lane's passes stay bounded after a stream lane's batch ends (handlers/yielding.py);
+    # null or 0: only while a batch runs. Lower stream p99 beside a job, for a slower job (docs/priority.md).
+    yield_linger_ms: float | None = None
     task_options: Mapping[str, Any] = field(default_factory=dict)
     # -- GPU: CUDA graphs, weights cast once, attention kernels (handlers/device_settings.py) --
     device: DeviceSettings = field(default_factory=DeviceSettings)
@@ -132,6 +136,7 @@ class HandlerSettings:
             forward_passes=section.get("forward_passes", cls.forward_passes),
             priority=section.get("priority", cls.priority),
             yield_pass_ms=section.get("yield_pass_ms", cls.yield_pass_ms),
+            yield_linger_ms=section.get("yield_linger_ms", cls.yield_linger_ms),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS and k not in DEVICE_KEYS},
             device=DeviceSettings.from_section(section),
         )
@@ -159,9 +164,10 @@ class HandlerSettings:
                 f"handler.mmap_threshold_mib is at most {MAX_MMAP_THRESHOLD_MIB} (glibc's limit), got {self.mmap_threshold_mib!r}"
             )
         check_priority(self.priority)
-        ms = self.yield_pass_ms
-        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0):
-            raise SettingsError(f"handler.yield_pass_ms must be a number of milliseconds >= 0 or null, got {ms!r}")
+        for key in ("yield_pass_ms", "yield_linger_ms"):
+            ms = getattr(self, key)
+            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0):
+                raise SettingsError(f"handler.{key} must be a number of milliseconds >= 0 or null, got {ms!r}")
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
         if not isinstance(self.fast_protocol, bool):
@@ -206,6 +212,10 @@ class HandlerSettings:
     def yield_pass_s(self) -> float | None:
         """A background lane's pass bound in seconds while stream lanes are busy; None: the device's default; 0: off."""
         return None if self.yield_pass_ms is None else self.yield_pass_ms / 1000
+
+    def yield_linger_s(self) -> float | None:
+        """Seconds a background lane's passes stay bounded after a stream batch ends; None: the default."""
+        return None if self.yield_linger_ms is None else self.yield_linger_ms / 1000
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

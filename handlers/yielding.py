@@ -1,18 +1,33 @@
 """Cooperative yield of a background lane: short passes while a stream lane of the same device is busy.
 
 The OS preempts a SCHED_IDLE thread on the CPU, but not a pass holding the GIL of a process, nor a kernel queued on
-a GPU. While the stream lanes' signal is raised (handlers/lane_signal.py), the bulk core cuts its rows into passes
-expected to take at most `pass_s` (from the time a pass took per padded unit so far) and yields between them: on the
-CPU it gives its core to a waiting thread (sched_yield; back at once if none waits, so no core is left idle), on a
-GPU it waits until the signal drops, at most `max_wait_s` a time, so a saturated stream lane slows a job but never
-starves it (one bounded pass every max_wait_s at least). Unraised, a pass is full size.
+a GPU. While the stream lanes' signal is raised (handlers/lane_signal.py), and for `linger_s` after it last dropped,
+the bulk core cuts its rows into passes expected to take at most `pass_s` (learned from the bounded passes so far)
+and yields between them: on the CPU it gives its core to a waiting thread (sched_yield; back at once if none waits,
+so no core is left idle), on a GPU it waits until the signal drops, at most `max_wait_s` a time, so a saturated
+stream lane slows a job but never starves it (one bounded pass every max_wait_s at least). With no stream batch
+within the linger, a pass is full size.
+
+On the CPU with several pass threads (`run_pulled`), each thread takes its next slice of rows itself, checks the
+signal and yields on its own: no thread waits for another's pass at a barrier, which a stream thread that preempts
+one of them would otherwise stretch for both.
+
+Why linger and yield on the CPU at all, since the OS preempts an idle thread: a stream request spends most of its
+time outside its worker's batch (the frontend, the socket, the client), and the next one starts a moment after. On
+this 2-core VM a SCHED_IDLE loop that never enters the kernel cost a stream lane's p99 about 1.35x, the same loop
+calling sched_yield every 0.7 ms next to nothing (docs/priority.md). Lingering buys that for the stream lane with the
+job's rate: bounded passes run at a fraction of full ones' speed, so it is a lane setting (handler.yield_linger_ms,
+0 by default; digits' bulk lane sets 20 ms, where a pass of a few rows is short; a minilm or classifier pass of one
+row already takes milliseconds).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +37,10 @@ CPU_PASS_S = 0.001
 DEVICE_PASS_S = 0.002
 MAX_WAIT_S = 0.05
 WAIT_STEP_S = 0.0002
-# What a pass cost per padded unit, learned as it runs: a moving average, so a change of row lengths is followed.
+# The padded units a bounded pass may hold, learned as it runs: each bounded round's units scaled by pass_s over the
+# time it took, in a moving average, so a change of row lengths is followed. Proportional, not per unit: a pass has a
+# fixed cost (a digits pass of 1 row takes 0.2 ms, of 16 rows 0.9 ms, on one thread), which a cost per unit would
+# charge to every row and so keep the passes at one row.
 LEARNING = 0.3
 
 
@@ -59,64 +77,123 @@ class YieldingPasses:
         on_cpu: bool,
         pass_s: float | None = None,
         max_wait_s: float = MAX_WAIT_S,
+        linger_s: float = 0.0,
     ) -> None:
         self.signal = signal
-        self.full_rows = full_rows  # rows of a round at full size (max_batch_rows x passes at once)
+        self.full_rows = full_rows  # rows of a full pass (of a round in run(): max_batch_rows x passes at once)
         self.on_cpu = on_cpu
         self.pass_s = pass_s if pass_s is not None else (CPU_PASS_S if on_cpu else DEVICE_PASS_S)
         self.max_wait_s = max_wait_s
-        self.unit_s: float | None = None  # seconds per padded unit (rows x the longest row's cost) of a pass
+        self.linger_ns = int(linger_s * 1e9)
+        self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
         self._seen_rises: set[int] = set()
-        self._last_bounded = False
+        self._lock = threading.Lock()  # the stats and what was learned, shared by run_pulled's threads
 
     def run(self, rows: Sequence[Any], cost: Callable[[Any], int], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
         """Results of `rows` in their order, `run` called on consecutive slices of them sorted by cost."""
         order = sorted(range(len(rows)), key=lambda i: cost(rows[i]))
         results: list[Any] = [None] * len(rows)
-        start = 0
-        while start < len(order):
-            bounded = self._last_bounded = self._yield_if_raised()
-            count = self.bounded_rows(order[start:], rows, cost) if bounded else self.full_rows
-            self.stats.cut_passes += bounded and count < min(self.full_rows, len(order) - start)
-            part = order[start : start + count]
+        cursor = _Cursor(len(order))
+        self._work(order, rows, cost, run, results, cursor, self.full_rows)
+        return results
+
+    def run_pulled(
+        self,
+        rows: Sequence[Any],
+        cost: Callable[[Any], int],
+        run: Callable[[list[Any]], list[Any]],
+        pool: Executor,
+        threads: int,
+        slice_rows: int,
+    ) -> list[Any]:
+        """As run(), with `threads` threads of `pool` each taking its next slice (full: `slice_rows`) as it is free."""
+        order = sorted(range(len(rows)), key=lambda i: cost(rows[i]))
+        results: list[Any] = [None] * len(rows)
+        cursor = _Cursor(len(order))
+        workers = [pool.submit(self._work, order, rows, cost, run, results, cursor, slice_rows) for _ in range(threads)]
+        for worker in workers:
+            worker.result()  # the first failure raises, once every thread has stopped taking slices
+        return results
+
+    def _work(self, order, rows, cost, run, results, cursor: _Cursor, full: int) -> None:
+        last_bounded = False
+        while not cursor.done():
+            bounded = self._yield_if_busy(last_bounded)
+            with self._lock:
+                start = cursor.position
+                remaining = order[start : start + full]
+                count = self.bounded_rows(remaining, rows, cost) if bounded else len(remaining)
+                self.stats.cut_passes += bounded and count < len(remaining)
+                part = cursor.take(count)
+            if not part:
+                return
+            part = order[part.start : part.stop]
             started = time.perf_counter()
-            outputs = run([rows[i] for i in part])
-            if bounded:  # learned from bounded passes only: a full round runs several passes at once, a short one not
-                self._learn(time.perf_counter() - started, len(part) * max(1, cost(rows[part[-1]])))
+            try:
+                outputs = run([rows[i] for i in part])
+            except BaseException:
+                cursor.stop()  # the other threads take no more slices
+                raise
+            if bounded:  # learned from bounded passes only: their rows and time are the pass's own
+                with self._lock:
+                    self._learn(time.perf_counter() - started, len(part) * max(1, cost(rows[part[-1]])))
             for i, result in zip(part, outputs, strict=True):
                 results[i] = result
-            start += len(part)
-        return results
+            last_bounded = bounded
 
     def bounded_rows(self, remaining: Sequence[int], rows: Sequence[Any], cost: Callable[[Any], int]) -> int:
         """Rows of the next pass expected to take at most pass_s: at least one, and one until a pass was timed."""
-        if self.unit_s is None:
+        if self.units is None:
             return 1
         count = 1
         limit = min(self.full_rows, len(remaining))
-        while count < limit and (count + 1) * max(1, cost(rows[remaining[count]])) * self.unit_s <= self.pass_s:
+        # Rounded to the nearest row, not down: from one row that takes 0.6 of the bound (1.67 fit) it grows to two.
+        while count < limit and (count + 0.5) * max(1, cost(rows[remaining[count]])) <= self.units:
             count += 1
         return count
 
-    def _yield_if_raised(self) -> bool:
+    def _yield_if_busy(self, last_bounded: bool) -> bool:
+        """Whether the next pass is bounded: a stream batch running, or one ended within the linger. Yields if so."""
         rises = self.signal.rises()
-        if not rises:
+        if not rises and not (self.linger_ns and self.signal.dropped_within(self.linger_ns)):
             return False
-        now = time.monotonic_ns()
-        holds = self.stats.holds_s if self._last_bounded else self.stats.holds_after_full_s
-        holds.extend((now - rose) / 1e9 for rose in rises if rose not in self._seen_rises)
-        self._seen_rises = set(rises)  # only the raised ones: a slot's next rise has a later clock
+        if rises:
+            now = time.monotonic_ns()
+            with self._lock:
+                holds = self.stats.holds_s if last_bounded else self.stats.holds_after_full_s
+                holds.extend((now - rose) / 1e9 for rose in rises if rose not in self._seen_rises)
+                self._seen_rises = set(rises)  # only the raised ones: a slot's next rise has a later clock
         started = time.perf_counter()
         if self.on_cpu:
             os.sched_yield()
-        else:
+        elif rises:
             deadline = started + self.max_wait_s
             while self.signal.raised_since() and time.perf_counter() < deadline:
                 time.sleep(WAIT_STEP_S)
-        self.stats.yielded_s += time.perf_counter() - started
+        with self._lock:
+            self.stats.yielded_s += time.perf_counter() - started
         return True
 
     def _learn(self, seconds: float, units: int) -> None:
-        per_unit = seconds / units
-        self.unit_s = per_unit if self.unit_s is None else (1 - LEARNING) * self.unit_s + LEARNING * per_unit
+        fits = units * self.pass_s / max(seconds, 1e-6)
+        self.units = fits if self.units is None else (1 - LEARNING) * self.units + LEARNING * fits
+
+
+class _Cursor:
+    """The next row (in cost order) not yet taken, shared by the threads taking slices."""
+
+    def __init__(self, total: int) -> None:
+        self.position = 0
+        self.total = total
+
+    def done(self) -> bool:
+        return self.position >= self.total
+
+    def take(self, count: int) -> range:
+        taken = range(self.position, min(self.total, self.position + count))
+        self.position = taken.stop
+        return taken
+
+    def stop(self) -> None:
+        self.position = self.total

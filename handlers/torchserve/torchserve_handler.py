@@ -144,7 +144,8 @@ class UnifiedHandler:
         pass_s = pass_s if pass_s is not None else default_pass_s(device.type == "cpu")
         if pass_s:
             full = settings.max_batch_rows * passes
-            self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s)
+            linger_s = settings.yield_linger_s() or 0.0
+            self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s, linger_s=linger_s)
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:

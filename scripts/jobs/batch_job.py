@@ -202,12 +202,15 @@ def _runner(config: JobConfig):
         return RayRunner(archive, config.chunk_size, config.retry, config.actors, config.ray_address, config.background)
     if config.in_process:
         core = load_core(archive)
-        # On a GPU the stream lanes of this host and device come first here too (handlers/yielding.py); on the CPU an
-        # in-process job has no frontend beside it and the OS preempts its idle threads.
-        pass_s = default_pass_s(on_cpu=False) if core.device.type != "cpu" else 0.0
-        if config.background and pass_s:
-            full = core.settings.max_batch_rows * forward_workers(config)
-            core.yielding = YieldingPasses(LaneSignal(device_name(core.device)), full, on_cpu=False, pass_s=pass_s)
+        # The stream lanes of this host and device come first here too (handlers/yielding.py): on a GPU it waits while
+        # they run a batch; on the CPU, where the OS preempts its idle threads, each forward thread keeps its passes
+        # short and yields while they are busy, so that it never computes past a tick of the scheduler.
+        on_cpu = core.device.type == "cpu"
+        if config.background:
+            full = core.settings.max_batch_rows * (1 if on_cpu else forward_workers(config))  # per calling thread
+            signal = LaneSignal(device_name(core.device))
+            linger_s = core.settings.yield_linger_s() or 0.0
+            core.yielding = YieldingPasses(signal, full, on_cpu=on_cpu, pass_s=default_pass_s(on_cpu), linger_s=linger_s)
         return InProcessRunner(core, archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file

@@ -317,3 +317,22 @@ def test_passes_at_once_are_for_the_cpu_only(digits_core):
     core = InferenceCore(digits_core.task, digits_core.model, torch.device("meta"), digits_settings())
     assert core.run_passes_at_once(4) == 1
     assert core_with(digits_core, digits_core.model).run_passes_at_once(1) == 1
+
+
+def test_a_yielding_core_with_passes_at_once_pulls_its_slices_on_the_pass_threads_same_answers(digits_core, tmp_path):
+    from handlers.lane_signal import LaneSignal
+    from handlers.yielding import YieldingPasses
+
+    grids, _ = held_out(40)
+    model = ThreadRecordingModel(digits_core.model, fits=5)
+    core = core_with(digits_core, model, max_batch_rows=16)
+    core.run_passes_at_once(2)
+    core.yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 32, on_cpu=True)
+    stages = StageTimes()
+    [response] = core.answer([instances(grids)], stages)
+    [reference] = digits_core.answer([instances(grids)])
+    assert response.status == 200
+    assert_same_predictions(response.body["predictions"], reference.body["predictions"])
+    # Slices of 16, 16 and 8 rows, each halved on its own thread to what fits (5): every row once.
+    assert sum(stages.forward_rows) == 40 and max(stages.forward_rows) <= 4 and stages.oom_splits >= 3
+    assert model.threads and all(name.startswith("pass") for name in model.threads)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from handlers.lane_signal import SLOTS, LaneSignal
 from handlers.yielding import YieldingPasses
@@ -123,3 +126,97 @@ def test_a_rise_during_a_bounded_pass_is_held_apart_from_one_during_a_full_pass(
     assert len(yielding.stats.holds_after_full_s) == 1 and len(yielding.stats.holds_s) == 1
     taken = yielding.stats.take()
     assert len(taken.holds_s) == 1 and yielding.stats.holds_s == [] and yielding.stats.cut_passes == 0
+
+
+def test_the_passes_stay_bounded_for_the_linger_after_a_stream_batch_ends_then_full(tmp_path):
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001, linger_s=0.05)
+    with stream.raised():
+        pass  # a stream batch that ended just now
+    ended = time.monotonic()
+    sizes = []
+
+    def run(part):
+        sizes.append((time.monotonic() - ended, len(part)))
+        time.sleep(0.0002 * len(part))
+        return part
+
+    yielding.run(list(range(3000)), lambda row: 1, run)
+    within = [size for at, size in sizes if at < 0.045]
+    after = [size for at, size in sizes if at > 0.055]
+    assert within and max(within) <= 6  # 0.2 ms a row: about 5 fit 1 ms
+    assert after and set(after[:-1]) == {FULL}  # the last holds what was left
+    assert yielding.stats.holds_s == [] and yielding.stats.holds_after_full_s == []  # no batch ran meanwhile
+
+
+def test_a_dropped_slot_keeps_when_it_dropped_and_reads_as_not_raised(tmp_path):
+    stream, reader = LaneSignal("cpu", tmp_path), LaneSignal("cpu", tmp_path)
+    stream.claim()
+    with stream.raised():
+        assert reader.raised_since() > 0 and not reader.dropped_within(10**9)
+    dropped = -stream._slots[0]
+    assert dropped > 0 and reader.raised_since() == 0 and reader.rises() == []
+    assert reader.dropped_within(10**9) and not reader.dropped_within(1, now_ns=dropped + 2)
+
+
+def test_bounded_passes_grow_to_the_bound_despite_a_fixed_cost_a_pass(tmp_path):
+    """A pass costs 0.6 ms plus 0.05 ms a row: a cost per row learned from one-row passes would keep them at one row;
+    the learned size grows to about 8 rows, whose pass takes the 1 ms bound."""
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001)
+    sizes = []
+
+    def run(part):
+        sizes.append(len(part))
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.0006 + 0.00005 * len(part):
+            pass
+        return part
+
+    with stream.raised():
+        yielding.run(list(range(600)), lambda row: 1, run)
+    settled = sizes[len(sizes) // 2 : -1]
+    assert sizes[0] == 1 and 5 <= min(settled) and max(settled) <= 11
+
+
+def test_pulled_passes_each_thread_takes_its_own_slices_every_row_once_in_order(tmp_path):
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001)
+    threads: dict[str, list[int]] = {}
+
+    def run(part):
+        import threading
+
+        threads.setdefault(threading.current_thread().name, []).append(len(part))
+        time.sleep(0.0002 * len(part))
+        return [row * 10 for row in part]
+
+    rows = list(range(1000))
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="pass") as pool:
+        assert yielding.run_pulled(rows, lambda row: 1, run, pool, 2, slice_rows=100) == [r * 10 for r in rows]
+        assert len(threads) == 2 and sorted(threads) == ["pass_0", "pass_1"]  # both took slices
+        assert all(size == 100 for sizes in threads.values() for size in sizes)  # full slices: nothing raised
+        threads.clear()
+        with stream.raised():
+            assert yielding.run_pulled(rows[:200], lambda row: 1, run, pool, 2, slice_rows=100) == [r * 10 for r in rows[:200]]
+        bounded = [size for sizes in threads.values() for size in sizes]
+        assert sum(bounded) == 200 and max(bounded) <= 6 and yielding.stats.cut_passes >= len(bounded) - 2
+
+
+def test_a_pulled_pass_that_fails_stops_the_other_threads_and_raises(tmp_path):
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001)
+    ran = []
+
+    def run(part):
+        ran.append(part[0])
+        if part[0] == 200:
+            raise RuntimeError("pass failed")
+        time.sleep(0.002)
+        return part
+
+    with ThreadPoolExecutor(max_workers=2) as pool, pytest.raises(RuntimeError, match="pass failed"):
+        yielding.run_pulled(list(range(2000)), lambda row: 1, run, pool, 2, slice_rows=100)
+    assert len(ran) <= 5  # slices 0, 100, 200 and at most what was in flight: not the other 17
