@@ -213,9 +213,9 @@ class HandlerSettings:
         """A background lane's pass bound in seconds while stream lanes are busy; None: the device's default; 0: off."""
         return None if self.yield_pass_ms is None else self.yield_pass_ms / 1000
 
-    def yield_linger_s(self) -> float | None:
-        """Seconds a background lane's passes stay bounded after a stream batch ends; None: the default."""
-        return None if self.yield_linger_ms is None else self.yield_linger_ms / 1000
+    def yield_linger_s(self) -> float:
+        """Seconds a background lane's passes stay bounded after a stream batch ends; 0: only while one runs."""
+        return (self.yield_linger_ms or 0) / 1000
 
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""

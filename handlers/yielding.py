@@ -70,6 +70,15 @@ def default_pass_s(on_cpu: bool) -> float:
 
 
 class YieldingPasses:
+    @classmethod
+    def for_lane(cls, signal: LaneSignal, settings: Any, full_rows: int, on_cpu: bool) -> YieldingPasses | None:
+        """A background lane's (or in-process job's) yield from its handler settings; None where yield_pass_ms is 0."""
+        pass_s = settings.yield_pass_s()
+        pass_s = pass_s if pass_s is not None else default_pass_s(on_cpu)
+        if not pass_s:
+            return None
+        return cls(signal, full_rows, on_cpu, pass_s, linger_s=settings.yield_linger_s())
+
     def __init__(
         self,
         signal: LaneSignal,

@@ -27,7 +27,7 @@ from handlers.torchserve.lane_timeout import LaneTimeout
 from handlers.torchserve.metrics import HandlerMetrics, configure_logging
 from handlers.torchserve.worker_protocol import install as install_frame_reader
 from handlers.torchserve.worker_protocol import torchserve_worker
-from handlers.yielding import YieldingPasses, default_pass_s
+from handlers.yielding import YieldingPasses
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +141,8 @@ class UnifiedHandler:
             if self.signal.claim() is None:
                 logger.warning("every slot of %s is taken: this worker's batches are not signalled", self.signal.path)
             return
-        pass_s = pass_s if pass_s is not None else default_pass_s(device.type == "cpu")
-        if pass_s:
-            full = settings.max_batch_rows * passes
-            linger_s = settings.yield_linger_s() or 0.0
-            self.core.yielding = YieldingPasses(self.signal, full, device.type == "cpu", pass_s, linger_s=linger_s)
+        full = settings.max_batch_rows * passes
+        self.core.yielding = YieldingPasses.for_lane(self.signal, settings, full, device.type == "cpu")
 
     def handle(self, data: list[dict], context) -> list[bytes]:
         if self.timeout is not None:

@@ -29,7 +29,7 @@ from handlers.collector import PacedCollector
 from handlers.core import torch_threads
 from handlers.lane_signal import LaneSignal, device_name
 from handlers.priority import enter_background
-from handlers.yielding import YieldingPasses, default_pass_s
+from handlers.yielding import YieldingPasses
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.errors import ScriptError
@@ -208,9 +208,7 @@ def _runner(config: JobConfig):
         on_cpu = core.device.type == "cpu"
         if config.background:
             full = core.settings.max_batch_rows * (1 if on_cpu else forward_workers(config))  # per calling thread
-            signal = LaneSignal(device_name(core.device))
-            linger_s = core.settings.yield_linger_s() or 0.0
-            core.yielding = YieldingPasses(signal, full, on_cpu=on_cpu, pass_s=default_pass_s(on_cpu), linger_s=linger_s)
+            core.yielding = YieldingPasses.for_lane(LaneSignal(device_name(core.device)), core.settings, full, on_cpu)
         return InProcessRunner(core, archive)
     endpoints = Endpoints.from_config(config.config, config.key_file)
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
