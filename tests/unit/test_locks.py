@@ -38,11 +38,12 @@ def locked_entries(path) -> list[tuple[str, list[str]]]:
 
 
 @pytest.mark.parametrize(
-    "lock", ["pip.txt", "tools-cpu.txt", "serving-cpu.txt", "serving-cuda.txt", "serving-nodeps.txt", "peer-pytriton.txt"]
+    "lock",
+    sorted(path.name for path in LOCKS.glob("*.txt")),
 )
 def test_every_locked_package_is_pinned_with_a_sha256(lock):
     entries = locked_entries(LOCKS / lock)
-    assert len(entries) >= (1 if lock == "pip.txt" else 4)
+    assert len(entries) >= (1 if lock in ("pip.txt", "reference.txt") else 4)
     for requirement, hashes in entries:
         assert hashes, f"{lock}: {requirement} has no hash"
         assert all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", option) for option in hashes), requirement
@@ -57,6 +58,7 @@ def test_every_locked_package_is_pinned_with_a_sha256(lock):
         ("requirements-serving.txt", "serving-cuda.txt"),
         ("requirements-serving-nodeps.txt", "serving-nodeps.txt"),
         ("requirements-peer-pytriton.txt", "peer-pytriton.txt"),
+        ("requirements-reference.txt", "reference.txt"),
     ],
 )
 def test_every_direct_pin_is_locked_at_its_version(requirements, lock):
@@ -85,6 +87,14 @@ def test_the_nodeps_lock_holds_only_its_requirements():
     assert set(pins(LOCKS / "serving-nodeps.txt")) == set(pins(ROOT / "requirements-serving-nodeps.txt"))
 
 
+def test_the_reference_lock_holds_torchvision_alone_and_no_other_lock_has_it():
+    """torchvision beside the CPU torch fails to import (requirements-reference.txt): installed into the venv it would
+    break transformers, which imports it when it finds it; only the reference's folder holds it."""
+    assert set(pins(LOCKS / "reference.txt")) == {"torchvision"}
+    for lock in sorted(LOCKS.glob("*.txt")):
+        assert lock.name == "reference.txt" or "torchvision" not in pins(lock), lock.name
+
+
 @pytest.mark.parametrize(("target", "lock"), [("venv", "locks/tools-cpu.txt"), ("venv-serving", "locks/serving-cpu.txt")])
 def test_each_venv_recipe_installs_its_lock_with_hash_checking(tmp_path, target, lock):
     """`make -n` on an empty venv path: the commands the recipe would run."""
@@ -92,10 +102,12 @@ def test_each_venv_recipe_installs_its_lock_with_hash_checking(tmp_path, target,
         ["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     installs = [line for line in shown.splitlines() if " -m pip install " in line]
-    assert len(installs) == 3, shown
+    assert len(installs) == (4 if target == "venv" else 3), shown
     assert all("--require-hashes" in line for line in installs), installs
     assert "-r locks/pip.txt" in installs[0]
     assert f"-r {lock}" in installs[1] and "--no-deps -r locks/serving-nodeps.txt" in installs[2]
+    if target == "venv":  # the classifier's reference: torchvision outside the venv's import path
+        assert f"--no-deps --upgrade --target {tmp_path / 'venv'}/reference -r locks/reference.txt" in installs[3]
 
 
 def test_no_lock_installs_the_deprecated_pynvml_shim():

@@ -10,20 +10,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from handlers.model_files import load_program
 from models.efficientnet_lite0 import archive, labels
 from models.efficientnet_lite0.export import build_model
 from models.efficientnet_lite0.samples import (
     PHOTOGRAPHS,
+    REFERENCE_DIR,
+    evaluation_transform,
     photograph_bytes,
     reference_probabilities,
     torchvision_preprocess,
+    torchvision_transforms,
 )
 from scripts.errors import ArchiveError
 from scripts.layout import BUILD
 
-TORCHVISION_WHEEL = Path("/opt/pypi-more/files/torchvision-0.28.0-cp311-cp311-manylinux_2_28_x86_64.whl")
 TOLERANCE = 1e-4
 
 
@@ -52,10 +55,24 @@ def test_the_committed_names_are_imagenet_s_1000_in_torchvision_s_order():
     )
 
 
-@pytest.mark.skipif(not TORCHVISION_WHEEL.is_file(), reason="torchvision's wheel is not on this machine's disk")
-def test_the_names_are_regenerated_from_torchvision_s_wheel(tmp_path):
-    out = labels.write(labels.categories_from_wheel(TORCHVISION_WHEEL), tmp_path / "names.json")
+def test_the_names_are_regenerated_from_torchvision_s_own_list(tmp_path):
+    """From the torchvision `make venv` installs for the reference (the same file its wheel holds)."""
+    meta = REFERENCE_DIR / labels.META_MODULE
+    out = labels.write(labels.categories_in(meta.read_text(), str(meta)), tmp_path / "names.json")
     assert out.read_text() == labels.LABELS_FILE.read_text()
+
+
+def test_the_reference_transforms_are_torchvision_s_and_leave_no_torchvision_imported():
+    import sys
+
+    transforms = torchvision_transforms()
+    assert Path(transforms.__file__).is_relative_to(REFERENCE_DIR / "torchvision" / "transforms")
+    assert transforms.Resize.__module__ == "torchvision.transforms.transforms"
+    assert not [name for name in sys.modules if name.split(".")[0] == "torchvision"]
+    image = evaluation_transform()(Image.new("RGB", (300, 400), (255, 0, 0)))
+    assert tuple(image.shape) == (3, 224, 224)
+    # a red image: (1 - mean) / std in the red channel, (0 - mean) / std in the others
+    assert image[0, 0, 0].item() == pytest.approx((1 - 0.485) / 0.229) and image[1, 5, 5].item() == pytest.approx(-0.456 / 0.224)
 
 
 def test_a_wheel_without_the_list_is_refused(tmp_path):
