@@ -57,9 +57,15 @@ def compiled_precision(path: Path) -> str | None:
     return match.group(1) if match else None
 
 
-def runs_under_autocast(path: Path) -> bool:
-    """Whether torch.autocast reaches the model's ops (torch.export and TorchScript do; compiled graphs do not)."""
+def runs_torch_operators(path: Path) -> bool:
+    """Whether the model's operators go through torch's dispatcher (torch.export and TorchScript do; AOTInductor's and
+    ONNX Runtime's compiled graphs do not): autocast and the operators' yield points (handlers/op_yield.py) reach them."""
     return model_format(path) in ("export", "torchscript")
+
+
+def runs_under_autocast(path: Path) -> bool:
+    """Whether torch.autocast reaches the model's ops."""
+    return runs_torch_operators(path)
 
 
 def load_program(path: Path, device: torch.device) -> Any:

@@ -30,6 +30,7 @@ CORE_KEYS = (
     "priority",
     "yield_pass_ms",
     "yield_linger_ms",
+    "yield_between_operators",
 )
 # A value set for every lane at once, or per lane: {lane name: value or null, default: value for lanes not named}.
 PerLane = int | Mapping[str, int | None] | None
@@ -105,6 +106,10 @@ class HandlerSettings:
     # How long, in ms, a background lane's passes stay bounded after a stream lane's batch ends (handlers/yielding.py);
     # null or 0: only while a batch runs. Lower stream p99 beside a job, for a slower job (docs/priority.md).
     yield_linger_ms: float | None = None
+    # On the CPU, a background lane whose model runs torch's operators (torch.export, TorchScript) yields between
+    # them instead of cutting its passes short (handlers/op_yield.py): passes keep their size and hold a core at most
+    # one operator past a stream batch's start. false: cut passes, as ONNX and AOTInductor files always are.
+    yield_between_operators: bool = True
     task_options: Mapping[str, Any] = field(default_factory=dict)
     # -- GPU: CUDA graphs, weights cast once, attention kernels (handlers/device_settings.py) --
     device: DeviceSettings = field(default_factory=DeviceSettings)
@@ -137,6 +142,7 @@ class HandlerSettings:
             priority=section.get("priority", cls.priority),
             yield_pass_ms=section.get("yield_pass_ms", cls.yield_pass_ms),
             yield_linger_ms=section.get("yield_linger_ms", cls.yield_linger_ms),
+            yield_between_operators=section.get("yield_between_operators", cls.yield_between_operators),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS and k not in DEVICE_KEYS},
             device=DeviceSettings.from_section(section),
         )
@@ -170,6 +176,8 @@ class HandlerSettings:
                 raise SettingsError(f"handler.{key} must be a number of milliseconds >= 0 or null, got {ms!r}")
         if not isinstance(self.deterministic, bool):
             raise SettingsError(f"handler.deterministic must be true or false, got {self.deterministic!r}")
+        if not isinstance(self.yield_between_operators, bool):
+            raise SettingsError(f"handler.yield_between_operators must be true or false, got {self.yield_between_operators!r}")
         if not isinstance(self.fast_protocol, bool):
             raise SettingsError(f"handler.fast_protocol must be true or false, got {self.fast_protocol!r}")
 

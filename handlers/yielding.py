@@ -23,15 +23,19 @@ row already takes milliseconds).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from handlers.lane_signal import LaneSignal
+from handlers.model_files import runs_torch_operators
+from handlers.op_yield import OperatorYield
 
 CPU_PASS_S = 0.001
 DEVICE_PASS_S = 0.002
@@ -72,12 +76,15 @@ def default_pass_s(on_cpu: bool) -> float:
 class YieldingPasses:
     @classmethod
     def for_lane(cls, signal: LaneSignal, settings: Any, full_rows: int, on_cpu: bool) -> YieldingPasses | None:
-        """A background lane's (or in-process job's) yield from its handler settings; None where yield_pass_ms is 0."""
+        """A background lane's (or in-process job's) yield from its handler settings; None where yield_pass_ms is 0.
+        Between operators (handlers/op_yield.py) on the CPU where the model file runs torch's operators and
+        handler.yield_between_operators is on; else by cutting passes."""
         pass_s = settings.yield_pass_s()
         pass_s = pass_s if pass_s is not None else default_pass_s(on_cpu)
         if not pass_s:
             return None
-        return cls(signal, full_rows, on_cpu, pass_s, linger_s=settings.yield_linger_s())
+        between = on_cpu and settings.yield_between_operators and runs_torch_operators(Path(settings.model_file))
+        return cls(signal, full_rows, on_cpu, pass_s, linger_s=settings.yield_linger_s(), between_operators=between)
 
     def __init__(
         self,
@@ -87,6 +94,7 @@ class YieldingPasses:
         pass_s: float | None = None,
         max_wait_s: float = MAX_WAIT_S,
         linger_s: float = 0.0,
+        between_operators: bool = False,
     ) -> None:
         self.signal = signal
         self.full_rows = full_rows  # rows of a full pass (of a round in run(): max_batch_rows x passes at once)
@@ -94,6 +102,9 @@ class YieldingPasses:
         self.pass_s = pass_s if pass_s is not None else (CPU_PASS_S if on_cpu else DEVICE_PASS_S)
         self.max_wait_s = max_wait_s
         self.linger_ns = int(linger_s * 1e9)
+        # Yield points between the pass's operators too (handlers/op_yield.py): while stream lanes are busy a pass
+        # is sized by its longest operator, not its whole time, and every hold is bounded by one operator.
+        self.between_operators = between_operators
         self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
         self._seen_rises: set[int] = set()
@@ -139,14 +150,18 @@ class YieldingPasses:
                 return
             part = order[part.start : part.stop]
             started = time.perf_counter()
+            points = OperatorYield(self._yield_within_pass) if self.between_operators else None
             try:
-                outputs = run([rows[i] for i in part])
+                with points if points is not None else contextlib.nullcontext():
+                    outputs = run([rows[i] for i in part])
             except BaseException:
                 cursor.stop()  # the other threads take no more slices
                 raise
+            # What the bound limits: the longest stretch without a yield point, the whole pass when there are none.
+            stretch = points.longest_stretch_s() if points is not None else time.perf_counter() - started
             if bounded:  # learned from bounded passes only: their rows and time are the pass's own
                 with self._lock:
-                    self._learn(time.perf_counter() - started, len(part) * max(1, cost(rows[part[-1]])))
+                    self._learn(stretch, len(part) * max(1, cost(rows[part[-1]])))
             for i, result in zip(part, outputs, strict=True):
                 results[i] = result
             last_bounded = bounded
@@ -161,6 +176,10 @@ class YieldingPasses:
         while count < limit and (count + 0.5) * max(1, cost(rows[remaining[count]])) <= self.units:
             count += 1
         return count
+
+    def _yield_within_pass(self) -> None:
+        """A yield point between two operators: every hold it sees is bounded by the operator before it."""
+        self._yield_if_busy(True)
 
     def _yield_if_busy(self, last_bounded: bool) -> bool:
         """Whether the next pass is bounded: a stream batch running, or one ended within the linger. Yields if so."""

@@ -492,7 +492,9 @@ def holds(model: str, plan: Plan) -> HoldResult:
     count = max(4, math.ceil(job_rate(model) * HOLD_S))
     rows = bulk_rows(model, core, count)
     with tempfile.TemporaryDirectory(prefix="signal-") as folder:
-        yielding = YieldingPasses(LaneSignal("cpu", Path(folder)), core.settings.max_batch_rows * 2, on_cpu=True)
+        # As the lane's settings make it (between operators where its file runs torch's), the default bound if off.
+        signal, full = LaneSignal("cpu", Path(folder)), core.settings.max_batch_rows * 2
+        yielding = YieldingPasses.for_lane(signal, core.settings, full, on_cpu=True) or YieldingPasses(signal, full, True)
         core.yielding = yielding
         command = [sys.executable, "-c", RAISER, folder, str(plan.probe_seconds)]
         raisers = [subprocess.Popen(command, cwd=ROOT) for _ in range(RAISERS)]

@@ -1,6 +1,7 @@
 """A model's stream lane alone and beside a full-speed batch job through the bulk lanes of several variants, in turns.
 
     python -m scripts.bench.bulk_variants --model digits --variant l0=yield_linger_ms:0 --variant old=/tmp/old/digits.mar
+        [--variant cut=yield_between_operators:false]
         [--loads c=1 c=4 c=16 50%] [--repeats 3] [--seconds 5]
 
 One TorchServe serves the model's stream lane and the bulk lane of its default archive ("default"); each --variant is
@@ -37,10 +38,17 @@ def variant_archive(model: str, spec: str, folder: Path) -> tuple[str, Path]:
     name, value = spec.split("=", 1)
     if ":" in value and not Path(value).exists():
         key, setting = value.split(":", 1)
-        number = float(setting)
-        changed = {key: int(number) if number.is_integer() else number}
+        changed = {key: setting_value(setting)}
         return name, write_variant(MODEL_STORE / f"{model}.mar", folder / name / f"{model}.mar", changed)
     return name, Path(value)
+
+
+def setting_value(text: str) -> bool | int | float:
+    """A --variant's value as model-config.yaml would read it: true/false, an integer or a number."""
+    if text in ("true", "false"):
+        return text == "true"
+    number = float(text)
+    return int(number) if number.is_integer() else number
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,7 @@ def test_rejects_bad_settings_with_a_message_that_says_what_is_allowed(handler, 
             "unknown key\\(s\\) max_batch_row for task digit_classification; allowed keys: "
             "task, model_file, max_batch_rows, max_batch_tokens, precision, deterministic, torch_threads, max_request_rows, "
             "max_request_bytes, response_timeout_s, fast_protocol, mmap_threshold_mib, heap_slack_mib, forward_passes, priority, "
-            "yield_pass_ms, yield_linger_ms, max_image_pixels, max_request_pixels$",
+            "yield_pass_ms, yield_linger_ms, yield_between_operators, max_image_pixels, max_request_pixels$",
         ),
         (
             {"task": "text_embedding", "model_file": "m.pt2", "tokenizer": "t.json"},

@@ -1,0 +1,143 @@
+"""Yield points between a background pass's operators (handlers/op_yield.py): every aten operator a torch model runs
+passes one, the lane yields there while a stream lane is busy, and its passes keep their full size."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from handlers.lane_signal import LaneSignal
+from handlers.op_yield import OperatorYield
+from handlers.settings import HandlerSettings
+from handlers.yielding import YieldingPasses
+
+
+def small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def aten_ops(model: torch.nn.Module, batch: torch.Tensor) -> list[str]:
+    seen: list[str] = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.inference_mode(), Record():
+        model(batch)
+    return seen
+
+
+@pytest.mark.parametrize("form", ["eager", "torchscript", "export"])
+def test_a_yield_point_between_every_operator_of_each_torch_form_and_the_same_answer(form):
+    model, batch = small_model(), torch.randn(8, 16)
+    expected = model(batch)
+    if form == "torchscript":
+        model = torch.jit.trace(model, batch)
+    elif form == "export":
+        model = torch.export.export(model, (batch,)).module()
+    operators = aten_ops(model, batch)
+    assert len(operators) >= 3  # two products and a relu at least
+    calls = []
+    with torch.inference_mode(), OperatorYield(lambda: calls.append(1), check_ns=0) as mode:
+        out = model(batch)
+    assert len(calls) == mode.checks == len(operators)
+    torch.testing.assert_close(out, expected)
+
+
+def test_the_signal_is_read_at_most_every_check_ns():
+    model, batch = small_model(), torch.randn(8, 16)
+    calls = []
+    with torch.inference_mode(), OperatorYield(lambda: calls.append(1), check_ns=10**12):
+        for _ in range(20):
+            model(batch)
+    assert calls == []  # not within 1,000 s of the pass's start
+
+
+class RowTimedOps(torch.nn.Module):
+    """Ten operators, each followed by 0.2 ms a row of computing-like time (a sleep: what the yield points see)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(10):
+            x = x + 1
+            time.sleep(0.0002 * len(x))
+        return x
+
+
+def run_rows(yielding: YieldingPasses, total: int, during) -> tuple[list[int], list[float]]:
+    sizes, model = [], RowTimedOps()
+
+    def run(part):
+        sizes.append(len(part))
+        with torch.inference_mode():
+            return model(torch.tensor(part, dtype=torch.float32)).tolist()
+
+    side = threading.Thread(target=during)
+    side.start()
+    try:
+        results = yielding.run(list(range(total)), lambda row: 1, run)
+    finally:
+        side.join()
+    return sizes, results
+
+
+def test_a_rise_during_a_full_pass_is_seen_at_the_next_operator_not_at_the_pass_end(tmp_path):
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+
+    def raise_during_the_first_pass():
+        time.sleep(0.010)  # a full pass of 16 rows takes 10 x 3.2 ms
+        with stream.raised():
+            time.sleep(0.2)
+
+    sizes, results = run_rows(yielding, 64, raise_during_the_first_pass)
+    assert results == [row + 10.0 for row in range(64)]
+    assert sizes[0] == 16
+    # Seen at the first yield point after it, an operator (about 3.2 ms) later, not at the end of the 32 ms pass.
+    assert len(yielding.stats.holds_s) == 1 and yielding.stats.holds_after_full_s == []
+    assert yielding.stats.holds_s[0] < 0.012, yielding.stats.holds_s
+    assert yielding.stats.yielded_s > 0
+
+
+def test_while_raised_a_pass_is_sized_by_its_longest_operator_not_its_whole_time(tmp_path):
+    """A bound of 2 ms: an operator of 0.2 ms a row fits about 10 rows, a whole pass (ten of them) one."""
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    kinds = {}
+    for between in (False, True):
+        yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.002, between_operators=between)
+        with stream.raised():
+            sizes, results = run_rows(yielding, 80, lambda: None)
+        assert results == [row + 10.0 for row in range(80)]
+        kinds[between] = sizes
+    assert max(kinds[False]) == 1, kinds  # whole passes of 2 ms a row: one row (the least)
+    assert sizes[0] == 1 and max(kinds[True][3:]) >= 5, kinds  # learned from the operators: several rows
+
+
+@pytest.mark.parametrize(
+    ("model_file", "between", "on_cpu", "expected"),
+    [
+        ("m.pt2", True, True, True),
+        ("m.torchscript.pt", True, True, True),
+        ("m.onnx", True, True, False),  # ONNX Runtime's operators are not torch's: passes are cut
+        ("m.pt2", False, True, False),
+        ("m.pt2", True, False, False),  # a GPU runs kernels asynchronously: passes are cut and waited
+    ],
+)
+def test_the_lane_yields_between_operators_only_where_torch_runs_them_on_the_cpu(tmp_path, model_file, between, on_cpu, expected):
+    settings = HandlerSettings.from_yaml(
+        {"handler": {"task": "digit_classification", "model_file": model_file, "yield_between_operators": between}}
+    )
+    yielding = YieldingPasses.for_lane(LaneSignal("cpu", tmp_path), settings, 64, on_cpu)
+    assert yielding.between_operators is expected
+
+
+def test_an_unknown_yield_between_operators_value_is_refused():
+    with pytest.raises(ValueError, match="handler.yield_between_operators must be true or false, got 'yes'"):
+        HandlerSettings.from_yaml({"handler": {"task": "digit_classification", "model_file": "m.pt2", "yield_between_operators": "yes"}})
