@@ -140,4 +140,5 @@ def test_the_lane_yields_between_operators_only_where_torch_runs_them_on_the_cpu
 
 def test_an_unknown_yield_between_operators_value_is_refused():
     with pytest.raises(ValueError, match="handler.yield_between_operators must be true or false, got 'yes'"):
-        HandlerSettings.from_yaml({"handler": {"task": "digit_classification", "model_file": "m.pt2", "yield_between_operators": "yes"}})
+        handler = {"task": "digit_classification", "model_file": "m.pt2", "yield_between_operators": "yes"}
+        HandlerSettings.from_yaml({"handler": handler})
