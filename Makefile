@@ -151,8 +151,9 @@ format: $(STAMP)
 
 test: system-packages-test lint archive $(SWAP_ARCHIVES)
 	$(PY) -m pytest
-# test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU.
-test-slow: archive
+# test-slow (CI, after make test): the tests marked slow, AOTInductor compiles and bf16/int8 minilm on the CPU, and
+# the per-model tests of every model but the first (swap under load, the pod's gates; tests/model_params.py).
+test-slow: archive $(SWAP_ARCHIVES)
 	$(PY) -m pytest -m 'slow and not gpu'
 test-unit: $(STAMP) grpc-stubs
 	$(PY) -m pytest tests/unit

@@ -27,6 +27,7 @@ from scripts.errors import ServerError
 from scripts.layout import ROOT
 from scripts.server.process import free_port, stop_process_group
 from tests.integration.conftest import model_server
+from tests.model_params import first_fast_others_slow
 
 CLIENT_TOKEN = "client-token-for-the-gateway-test"
 INSTALL_NGINX = "install nginx with its njs module: `apt-get install -y nginx libnginx-mod-http-js` (Debian/Ubuntu)"
@@ -69,7 +70,7 @@ def test_readiness_waits_for_the_entry_points_warm_up_and_its_samples_gate(digit
     marker(key_file).write_text(json.dumps(record))
 
 
-@pytest.mark.parametrize("model", sorted(set(registry.models()) - {"digits"}))
+@pytest.mark.parametrize("model", first_fast_others_slow(sorted(set(registry.models()) - {"digits"})))
 def test_every_models_lanes_are_warmed_and_gated_on_its_own_samples_before_ready(request, model):
     """The same warm-up and gate on each other model's server (the readiness check in process: the probes' command
     is the test above's)."""

@@ -22,6 +22,7 @@ from scripts.server.temporary import only_lanes_of
 from scripts.swap.hot_swap import Swapper
 from scripts.swap.management import ManagementApi
 from tests.integration.conftest import start_server
+from tests.model_params import first_fast_others_slow
 
 TIMEOUT = 60
 SWAPPED = [name for name in registry.models() if name != "digits"]
@@ -76,7 +77,7 @@ class Load:
             thread.join(timeout=TIMEOUT + 10)
 
 
-@pytest.mark.parametrize("name", SWAPPED)
+@pytest.mark.parametrize("name", first_fast_others_slow(SWAPPED))
 def test_a_model_swaps_and_rolls_back_under_load_losing_no_request(tmp_path, name):
     found = registry.model(name)
     archives = [f"{name}.mar", f"{name}-2.0.mar"]

@@ -17,6 +17,7 @@ from scripts.gpu import bundle, device_run
 from scripts.gpu import models as gpu_models
 from scripts.gpu.check import Budget, Check, Report
 from scripts.layout import ROOT
+from tests.model_params import first_fast_others_slow
 
 NAMES = list(registry.models())
 
@@ -43,7 +44,7 @@ def test_every_model_declares_how_it_travels(name):
     assert all(axis[0].max == portable.max_batch for axis in axes)  # the batch axis, as archive.py exports it
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", first_fast_others_slow(NAMES))
 def test_an_assembled_archive_carries_the_working_trees_handlers_and_answers_the_samples(name, carried, tmp_path, monkeypatch):
     monkeypatch.setattr(device_run, "WORK", tmp_path)
     archive, _ = device_run.assemble(name, carried / name)
