@@ -37,6 +37,10 @@ class OperatorYield(TorchDispatchMode):
         self._last_ns = time.perf_counter_ns()
         self._longest_ns = 0
 
+    def __enter__(self):
+        self._last_ns = time.perf_counter_ns()  # the pass starts computing now
+        return super().__enter__()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         now = time.perf_counter_ns()
         if now - self._last_ns >= self.check_ns:

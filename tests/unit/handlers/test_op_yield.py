@@ -86,9 +86,22 @@ def run_rows(yielding: YieldingPasses, total: int, during) -> tuple[list[int], l
     return sizes, results
 
 
-def test_a_rise_during_a_full_pass_is_seen_at_the_next_operator_not_at_the_pass_end(tmp_path):
+@pytest.fixture(autouse=True)
+def _dispatch_warmed():
+    """A process's first operator under a dispatch mode takes a second (torch's lazy set-up): not a pass's time."""
+    with torch.inference_mode(), OperatorYield(lambda: None):
+        torch.ones(1) + 1
+
+
+@pytest.mark.parametrize("served_just_before", [True, False])
+def test_a_rise_during_a_full_pass_is_seen_at_the_next_operator_while_stream_lanes_serve(tmp_path, served_just_before):
+    """With a stream batch within the last second, a full pass has yield points and sees a rise an operator later;
+    a job with no stream traffic around runs without them (no cost) and sees it at the pass's end."""
     stream = LaneSignal("cpu", tmp_path)
     stream.claim()
+    if served_just_before:
+        with stream.raised():
+            pass
     yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
 
     def raise_during_the_first_pass():
@@ -99,9 +112,12 @@ def test_a_rise_during_a_full_pass_is_seen_at_the_next_operator_not_at_the_pass_
     sizes, results = run_rows(yielding, 64, raise_during_the_first_pass)
     assert results == [row + 10.0 for row in range(64)]
     assert sizes[0] == 16
-    # Seen at the first yield point after it, an operator (about 3.2 ms) later, not at the end of the 32 ms pass.
-    assert len(yielding.stats.holds_s) == 1 and yielding.stats.holds_after_full_s == []
-    assert yielding.stats.holds_s[0] < 0.012, yielding.stats.holds_s
+    if served_just_before:  # seen an operator (about 3.2 ms) after it, not at the end of the 32 ms pass
+        assert len(yielding.stats.holds_s) == 1 and yielding.stats.holds_after_full_s == []
+        assert yielding.stats.holds_s[0] < 0.012, yielding.stats.holds_s
+    else:  # at the pass's end, about 22 ms after it
+        assert yielding.stats.holds_s == [] and len(yielding.stats.holds_after_full_s) == 1
+        assert yielding.stats.holds_after_full_s[0] > 0.012, yielding.stats.holds_after_full_s
     assert yielding.stats.yielded_s > 0
 
 
