@@ -5,9 +5,11 @@ takes tens of milliseconds on one thread. Cutting passes into fewer rows (handle
 shorter than a row, and small passes run at a fraction of full ones' speed. Between two operators, though, a pass can
 stop at any point: this dispatch mode sees every aten operator a torch model runs (torch.export programs and
 TorchScript alike), and between two of them, at most every CHECK_NS, asks its YieldingPasses whether a stream lane of
-the device is busy; if so the thread yields its core (sched_yield) before the next operator. A pass then holds the
-core at most one operator past the signal's rise: while stream lanes are busy, passes are sized so that their longest
-operator, not their whole time, fits the bound (a classifier's operators on one row take 0.1-2 ms, its pass 30 ms).
+the device is busy; if so the thread yields its core (sched_yield) before the next operator. A pass with these points
+holds the core at most one operator past the signal's rise; it has them while stream lanes are busy (and then is sized
+so that its longest operator, not its whole time, fits the bound: a classifier's operators on one row take 0.1-2 ms,
+its pass 30 ms) and while they served within the last second (handlers/yielding.py TRAFFIC_NS); a job with no stream
+traffic around runs its full passes without them.
 
 ONNX Runtime and AOTInductor run their operators outside torch's dispatcher: their passes are cut instead.
 """

@@ -106,9 +106,9 @@ class HandlerSettings:
     # How long, in ms, a background lane's passes stay bounded after a stream lane's batch ends (handlers/yielding.py);
     # null or 0: only while a batch runs. Lower stream p99 beside a job, for a slower job (docs/priority.md).
     yield_linger_ms: float | None = None
-    # On the CPU, a background lane whose model runs torch's operators (torch.export, TorchScript) yields between
-    # them instead of cutting its passes short (handlers/op_yield.py): passes keep their size and hold a core at most
-    # one operator past a stream batch's start. false: cut passes, as ONNX and AOTInductor files always are.
+    # On the CPU, a background lane whose model runs torch's operators (torch.export, TorchScript) also yields between
+    # them near stream traffic (handlers/op_yield.py), and its passes are cut by their longest operator instead of
+    # their whole time. false: whole passes are bounded, as ONNX and AOTInductor files' always are.
     yield_between_operators: bool = True
     task_options: Mapping[str, Any] = field(default_factory=dict)
     # -- GPU: CUDA graphs, weights cast once, attention kernels (handlers/device_settings.py) --

@@ -53,13 +53,14 @@ TRAFFIC_NS = 1_000_000_000
 @dataclass
 class YieldStats:
     """What the yielding cost and bounded, since the last `take()`: seconds spent yielding, passes cut short,
-    and each observed hold (seconds from a signal's rise to this lane's next yield point), kept apart by the pass it
-    rose during: a bounded one (the signal was already up) or a full one (it rose while the lane ran alone)."""
+    and each observed hold (seconds from a signal's rise to this lane's next yield point), kept apart by what bounded
+    it: a bounded pass or one operator (the signal was already up, or the pass had yield points between operators),
+    or a whole full-size pass (it rose while the lane ran alone, without points)."""
 
     yielded_s: float = 0.0
     cut_passes: int = 0
-    holds_s: list[float] = field(default_factory=list)  # rose during a bounded pass
-    holds_after_full_s: list[float] = field(default_factory=list)  # rose during a full-size pass
+    holds_s: list[float] = field(default_factory=list)  # seen after a bounded pass or between operators
+    holds_after_full_s: list[float] = field(default_factory=list)  # seen at the end of a full-size pass
 
     def take(self) -> YieldStats:
         taken = YieldStats(self.yielded_s, self.cut_passes, self.holds_s, self.holds_after_full_s)
@@ -104,8 +105,8 @@ class YieldingPasses:
         self.pass_s = pass_s if pass_s is not None else (CPU_PASS_S if on_cpu else DEVICE_PASS_S)
         self.max_wait_s = max_wait_s
         self.linger_ns = int(linger_s * 1e9)
-        # Yield points between the pass's operators too (handlers/op_yield.py): while stream lanes are busy a pass
-        # is sized by its longest operator, not its whole time, and every hold is bounded by one operator.
+        # Yield points between the pass's operators too (handlers/op_yield.py), near stream traffic: while stream
+        # lanes are busy a pass is sized by its longest operator, not its whole time.
         self.between_operators = between_operators
         self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
@@ -181,7 +182,7 @@ class YieldingPasses:
 
     def _points_wanted(self, bounded: bool) -> bool:
         """Yield points between operators for the next pass: while stream lanes are busy, and in a full pass while
-        they served within the last TRAFFIC_S (a rise during it is then seen at the next operator). A job with no
+        they served within the last TRAFFIC_NS (a rise during it is then seen at the next operator). A job with no
         stream traffic around runs without them: their Python call per operator cost minilm's 2-thread passes of
         16 rows about 10% (in process, alternated)."""
         if not self.between_operators:
@@ -189,7 +190,8 @@ class YieldingPasses:
         return bounded or self.signal.dropped_within(TRAFFIC_NS) or bool(self.signal.rises())
 
     def _yield_within_pass(self) -> None:
-        """A yield point between two operators: every hold it sees is bounded by the operator before it."""
+        """A yield point between two operators: a hold it sees is bounded by the operator before it, so it counts with
+        those seen after a bounded pass (YieldStats.holds_s), whatever the pass's size."""
         self._yield_if_busy(True)
 
     def _yield_if_busy(self, last_bounded: bool) -> bool:

@@ -69,17 +69,20 @@ def torchvision_transforms() -> types.ModuleType:
         raise FileNotFoundError(
             f"torchvision's transforms are not in {REFERENCE_DIR}: run `make venv` (it installs requirements-reference.txt there)"
         )
-    before = {name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")}
-    if before:
-        raise RuntimeError(f"a torchvision is imported already ({sorted(before)[0]}); the reference loads its own")
+    if _torchvision_modules():
+        raise RuntimeError(f"a torchvision is imported already ({_torchvision_modules()[0]}); the reference loads its own")
     package = types.ModuleType("torchvision")
     package.__path__ = [str(package_dir)]
     sys.modules["torchvision"] = package
     try:
         return importlib.import_module("torchvision.transforms")
     finally:
-        for name in [name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")]:
+        for name in _torchvision_modules():
             del sys.modules[name]
+
+
+def _torchvision_modules() -> list[str]:
+    return sorted(name for name in sys.modules if name.split(".")[0] == "torchvision")
 
 
 @functools.lru_cache(maxsize=1)

@@ -643,7 +643,8 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
         "thread sleeping 1 ms at a time, how late it wakes, beside nothing, beside the same bulk core at normal priority "
         "and at SCHED_IDLE.",
         "",
-        "| model | rose during a bounded pass: p50 / p99 / max ms (n) | rose during a full pass: p50 / p99 / max ms (n) "
+        "| model | seen after a bounded pass or between operators: p50 / p99 / max ms (n) "
+        "| seen at a full pass's end: p50 / p99 / max ms (n) "
         "| wake-up delay p99 / max ms: nothing, bulk at normal, bulk at idle |",
         "| --- | --- | --- | --- |",
     ]

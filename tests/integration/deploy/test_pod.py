@@ -70,6 +70,7 @@ def test_readiness_waits_for_the_entry_points_warm_up_and_its_samples_gate(digit
     marker(key_file).write_text(json.dumps(record))
 
 
+# digits is gated by the tests above in make test; these in make test-slow
 @pytest.mark.parametrize("model", first_fast_others_slow(sorted(set(registry.models()) - {"digits"})))
 def test_every_models_lanes_are_warmed_and_gated_on_its_own_samples_before_ready(request, model):
     """The same warm-up and gate on each other model's server (the readiness check in process: the probes' command

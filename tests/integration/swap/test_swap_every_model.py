@@ -77,6 +77,7 @@ class Load:
             thread.join(timeout=TIMEOUT + 10)
 
 
+# digits swaps in make test (test_hot_swap.py); these in make test-slow
 @pytest.mark.parametrize("name", first_fast_others_slow(SWAPPED))
 def test_a_model_swaps_and_rolls_back_under_load_losing_no_request(tmp_path, name):
     found = registry.model(name)

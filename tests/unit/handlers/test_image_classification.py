@@ -1,5 +1,5 @@
 """The image classification task in-process (InferenceCore, no server): efficientnet_lite0's exported program on real
-photographs against the eager reference (same weights, torchvision's transforms re-implemented in models/.../samples.py),
+photographs against the eager reference (same weights, torchvision's own transforms, models/.../samples.py),
 raw bodies and {"b64": ...} instances, and bad images failing alone in their batch."""
 
 from __future__ import annotations
