@@ -190,9 +190,15 @@ class YieldingPasses:
         return bounded or self.signal.dropped_within(TRAFFIC_NS) or bool(self.signal.rises())
 
     def _yield_within_pass(self) -> None:
-        """A yield point between two operators: a hold it sees is bounded by the operator before it, so it counts with
-        those seen after a bounded pass (YieldStats.holds_s), whatever the pass's size."""
-        self._yield_if_busy(True)
+        """A yield point between two operators: yields once for each stream batch that started since this lane last
+        yielded, not again while the same batches run. Once the core is given to a rise, yielding at every operator
+        after it gives nothing to that batch and starves the job: a SCHED_IDLE thread that calls sched_yield every
+        0.1 ms beside saturated stream lanes ran minilm's 32-row soak job past its 600 s response timeout (CI's make
+        soak of 2026-12-06; between passes, where a pass takes milliseconds, the lane yields while the signal is up).
+        A hold it sees is bounded by the operator before it, so it counts with those seen after a bounded pass
+        (YieldStats.holds_s), whatever the pass's size."""
+        if any(rose not in self._seen_rises for rose in self.signal.rises()):
+            self._yield_if_busy(True)
 
     def _yield_if_busy(self, last_bounded: bool) -> bool:
         """Whether the next pass is bounded: a stream batch running, or one ended within the linger. Yields if so."""

@@ -155,3 +155,26 @@ def test_an_unknown_yield_between_operators_value_is_refused():
     with pytest.raises(ValueError, match="handler.yield_between_operators must be true or false, got 'yes'"):
         handler = {"task": "digit_classification", "model_file": "m.pt2", "yield_between_operators": "yes"}
         HandlerSettings.from_yaml({"handler": handler})
+
+
+def test_between_operators_the_lane_yields_once_for_each_stream_batch_not_at_every_operator(tmp_path, monkeypatch):
+    """A batch that keeps the signal up gets the core once: yielding again at every operator after it gave that batch
+    nothing and starved the job (a 32-row minilm job ran past its 600 s timeout in CI's soak). A batch that starts
+    later gets its own yield."""
+    yields = []
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+    yielding._yield_within_pass()
+    assert yields == []  # nothing raised: no yield
+    with stream.raised():
+        for _ in range(50):
+            yielding._yield_within_pass()
+        assert len(yields) == 1
+    time.sleep(0.001)  # the next batch's rise has a later clock
+    with stream.raised():
+        for _ in range(50):
+            yielding._yield_within_pass()
+    assert len(yields) == 2
+    assert len(yielding.stats.holds_s) == 2  # each batch's hold is counted once
