@@ -48,6 +48,8 @@ WAIT_STEP_S = 0.0002
 LEARNING = 0.3
 # A full pass gets yield points between its operators when a stream batch ended within this long (handlers/op_yield.py).
 TRAFFIC_NS = 1_000_000_000
+# A thread's CPU time (time actually run), read to space its yields on the CPU; a name of its own so tests can set it.
+thread_cpu_s = time.thread_time
 
 
 @dataclass
@@ -111,6 +113,7 @@ class YieldingPasses:
         self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
         self._seen_rises: set[int] = set()
+        self._thread = threading.local()  # per pass thread: its CPU time at its last yield
         self._lock = threading.Lock()  # the stats and what was learned, shared by run_pulled's threads
 
     def run(self, rows: Sequence[Any], cost: Callable[[Any], int], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
@@ -205,6 +208,8 @@ class YieldingPasses:
         rises = self.signal.rises()
         if not rises and not (self.linger_ns and self.signal.dropped_within(self.linger_ns)):
             return False
+        if self.on_cpu and not self._ran_since_yield():
+            return True  # bounded, but this thread yields once it has run pass_s since its last yield
         if rises:
             now = time.monotonic_ns()
             with self._lock:
@@ -220,6 +225,21 @@ class YieldingPasses:
                 time.sleep(WAIT_STEP_S)
         with self._lock:
             self.stats.yielded_s += time.perf_counter() - started
+        return True
+
+    def _ran_since_yield(self) -> bool:
+        """Whether this thread has run (CPU time) at least pass_s since its last yield on the CPU; notes the yield if
+        so. A yield gives up the rest of the thread's time slice, and under EEVDF (Linux 6.6 and later) moves its
+        deadline a whole slice on, which for a SCHED_IDLE thread's weight is about 340 slices of a normal thread's:
+        yielding after every 0.1 ms run, beside busy stream lanes, ran a process at idle priority at about half the
+        rate it got not yielding (beside three normal-priority spinners on 2 cores, 2026-12-07), and a minilm bulk
+        chunk past its lane's timeout in CI's soak. Spaced by what the thread ran, not by the wall clock, a thread
+        the stream lanes keep waiting still runs pass_s between yields, and a hold stays within pass_s of its run."""
+        now = thread_cpu_s()
+        last = getattr(self._thread, "yielded_cpu_s", None)
+        if last is not None and now - last < self.pass_s:
+            return False
+        self._thread.yielded_cpu_s = now
         return True
 
     def _learn(self, seconds: float, units: int) -> None:

@@ -163,6 +163,8 @@ def test_between_operators_the_lane_yields_once_for_each_stream_batch_not_at_eve
     later gets its own yield."""
     yields = []
     monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
+    cpu = [10.0]
+    monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: cpu[0])
     stream = LaneSignal("cpu", tmp_path)
     stream.claim()
     yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
@@ -170,11 +172,48 @@ def test_between_operators_the_lane_yields_once_for_each_stream_batch_not_at_eve
     assert yields == []  # nothing raised: no yield
     with stream.raised():
         for _ in range(50):
+            cpu[0] += 0.001  # each operator runs 1 ms: the spacing below is not what holds these back
             yielding._yield_within_pass()
         assert len(yields) == 1
     time.sleep(0.001)  # the next batch's rise has a later clock
     with stream.raised():
         for _ in range(50):
+            cpu[0] += 0.001
             yielding._yield_within_pass()
     assert len(yields) == 2
     assert len(yielding.stats.holds_s) == 2  # each batch's hold is counted once
+
+
+def test_on_the_cpu_a_thread_yields_at_most_once_for_each_pass_s_it_has_run(tmp_path, monkeypatch):
+    """A yield gives up the thread's time slice (under EEVDF its deadline moves a slice on), so a thread that the
+    stream lanes keep waiting must still run pass_s between yields: yield points reached sooner are passed, the
+    batch's rise stays unseen and is yielded to (and its hold counted) once the thread has run pass_s."""
+    yields = []
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
+    cpu = [5.0]
+    monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: cpu[0])
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+    with stream.raised():
+        assert yielding._yield_if_busy(False) is True
+        assert len(yields) == 1
+    time.sleep(0.001)
+    with stream.raised():  # a new batch while the thread has run 0.4 ms since its yield: bounded, no yield yet
+        cpu[0] += 0.0004
+        assert yielding._yield_if_busy(True) is True
+        yielding._yield_within_pass()
+        assert len(yields) == 1
+        assert len(yielding.stats.holds_s) == 0
+        cpu[0] += 0.0006  # 1 ms run since the last yield
+        yielding._yield_within_pass()
+        assert len(yields) == 2
+        assert len(yielding.stats.holds_s) == 1
+    # Not on the CPU (a GPU lane waits for the signal instead): no spacing by the thread's CPU time.
+    device = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=False, pass_s=0.002, max_wait_s=0.0)
+    for _ in range(2):
+        time.sleep(0.001)
+        with stream.raised():
+            assert device._yield_if_busy(True) is True
+    assert len(device.stats.holds_s) == 2  # the CPU clock did not move between them
+    assert len(yields) == 2
