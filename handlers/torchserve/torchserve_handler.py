@@ -101,7 +101,9 @@ class UnifiedHandler:
         )
         timeout_s = settings.timeout_for(lane)
         if timeout_s is not None:
-            self.timeout = LaneTimeout(lane, timeout_s)
+            background_on_cpu = priority == BACKGROUND and device.type == "cpu"
+            cpus = min(usable_cpus(), threads * passes)
+            self.timeout = LaneTimeout.for_lane(lane, timeout_s, background_on_cpu, cpus)
         # From the next message on (this load's answer has not been sent yet, so nothing is buffered half read).
         fast_protocol = settings.fast_protocol and install_frame_reader(self.limits.max_bytes)
         logger.info(
@@ -114,7 +116,7 @@ class UnifiedHandler:
             settings.max_batch_rows,
             self.limits.max_rows,
             self.limits.max_bytes,
-            timeout_s,
+            timeout_s if self.timeout is None else f"{timeout_s} ({self.timeout.counts} time)",
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),

@@ -214,7 +214,7 @@ def _runner(config: JobConfig):
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
     server = ServerConfig.read(config.config)
     lane = config.lane or f"{config.model}-bulk"
-    return ServerRunner(endpoints, lane, server.max_request_size, job_queue_size=server.job_queue_size)
+    return ServerRunner.for_lane(endpoints, server, lane)
 
 
 def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, config: JobConfig, collector: PacedCollector) -> None:

@@ -21,8 +21,8 @@ import requests
 from handlers.core import InferenceCore
 from handlers.decoding import NPY_KINDS, NPY_MEDIA, Payload
 from scripts.clients.rest import predict, unavailable_reason
-from scripts.errors import ScriptError
-from scripts.server.config import DEFAULT_JOB_QUEUE_SIZE
+from scripts.errors import ConfigError, ScriptError
+from scripts.server.config import BULK_SUFFIX, DEFAULT_JOB_QUEUE_SIZE, ServerConfig
 from scripts.server.endpoints import Endpoints, token_refused
 
 
@@ -36,6 +36,8 @@ class Reply:
 # decode application/json with Python's json (17 ms for 2,000 digits rows here), while any other type
 # reaches the handler as bytes, which it parses with orjson (3.7 ms). Same body, same answer.
 CHUNK_TYPE = "application/vnd.instances+json"
+# Seconds a client waits past a lane's responseTimeout, for TorchServe's own answer (500 "Worker died.") to arrive.
+ANSWER_MARGIN_S = 10
 
 
 class TransientError(Exception):
@@ -121,6 +123,21 @@ class ServerRunner:
     # Seconds from sending each request to its answer, whatever the answer (list.append is atomic under the GIL, so
     # the job's threads share it): the bulk lane's p50/p99 a request in the bench (scripts/bench/bulk.py).
     latencies: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @classmethod
+    def for_lane(cls, endpoints: Endpoints, server: ServerConfig, lane: str) -> ServerRunner:
+        """A runner for `lane` that waits for an answer as long as TorchServe may take to give one: the lane's
+        responseTimeout in config.properties and a margin (a bulk lane's is a wall-clock backstop of hours; its own
+        limit counts the time its worker ran, so a chunk the stream lanes starve answers late, not never). A client
+        that gave up sooner would send the chunk again beside the one still running."""
+        timeout = cls.timeout
+        try:
+            settings = server.lane_settings(lane.removesuffix(BULK_SUFFIX)).get(lane)
+        except ConfigError:
+            settings = None  # a lane config.properties does not declare: the default
+        if settings is not None:
+            timeout = settings.response_timeout + ANSWER_MARGIN_S
+        return cls(endpoints, lane, server.max_request_size, timeout=timeout, job_queue_size=server.job_queue_size)
 
     @property
     def name(self) -> str:

@@ -71,8 +71,10 @@ WORKER_CONNECTIONS = 16384
 NOFILE = 2 * WORKER_CONNECTIONS
 # Kept-alive connections to each TorchServe listener.
 UPSTREAM_KEEPALIVE = 64
-# The bulk lanes' responseTimeout is up to 600 s (models/*/model-config.yaml).
-UPSTREAM_TIMEOUT_S = 610
+# As long as TorchServe may take to answer: the archives' responseTimeout, a wall-clock backstop of 7,200 s (models/*/
+# model-config.yaml; each lane's own, shorter limit is handler.response_timeout_s, on a bulk lane in seconds its worker
+# ran), and a margin. A stream lane answers within its own limit long before.
+UPSTREAM_TIMEOUT_S = 7210
 MANAGEMENT_BODY_BYTES = 64 * 1024
 # Internal locations of the front door's own error answers (never reachable from outside: `internal`).
 ERROR_PATH = "/__front_door/error"

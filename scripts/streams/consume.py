@@ -91,7 +91,7 @@ def _sender(config: ConsumeConfig):
         return InProcessRunner(load_core(config.archive), config.archive).send
     endpoints = Endpoints.from_config(config.config, config.key_file)
     server = ServerConfig.read(config.config)
-    return ServerRunner(endpoints, config.lane, server.max_request_size, job_queue_size=server.job_queue_size).send
+    return ServerRunner.for_lane(endpoints, server, config.lane).send
 
 
 def _retried(stats: StreamStats, line: str) -> None:

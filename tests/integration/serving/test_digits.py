@@ -120,4 +120,10 @@ def test_each_lane_runs_with_its_own_batching(digits_server):
         reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
         [model] = reply.json()
         described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"], len(model["workers"]))
-    assert described == {"digits": (32, 1, 300, 2), "digits-bulk": (4, 50, 300, 1)}
+    # TorchServe applies the archive's responseTimeout to both lanes: a wall-clock backstop of two hours. Each lane's own
+    # limit is the handler's: wall-clock on the stream lane, the seconds its worker ran on the bulk lane.
+    assert described == {"digits": (32, 1, 7200, 2), "digits-bulk": (4, 50, 7200, 1)}
+    log = (digits_server.workdir / "logs" / "model_log.log").read_text(errors="replace")
+    assert "model digits-bulk: task digit_classification on cpu" in log
+    assert "response_timeout_s=300 (run time)" in log
+    assert "response_timeout_s=20 (wall-clock time)" in log

@@ -111,7 +111,7 @@ def test_each_lane_runs_with_its_own_batching(minilm_server):
         reply = requests.get(f"{endpoints.management}/models/{lane}", headers=endpoints.auth("management"), timeout=30)
         [model] = reply.json()
         described[lane] = (model["batchSize"], model["maxBatchDelay"], model["responseTimeout"], len(model["workers"]))
-    assert described == {"minilm": (16, 1, 600, 2), "minilm-bulk": (2, 50, 600, 1)}
+    assert described == {"minilm": (16, 1, 7200, 2), "minilm-bulk": (2, 50, 7200, 1)}  # the archive's backstop
 
 
 def test_rest_client_sends_text_and_instance_files(minilm_server, capsys):

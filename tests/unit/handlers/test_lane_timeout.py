@@ -1,5 +1,5 @@
 """handlers/torchserve/lane_timeout.py in a real process: a batch past the lane's limit ends the worker with a log line
-saying why; a batch that ends in time does not."""
+saying why; a batch that ends in time does not; a lane counting run time ignores time its batch did not run."""
 
 from __future__ import annotations
 
@@ -14,18 +14,23 @@ PROGRAM = """
 import logging, sys, time
 from handlers.torchserve.lane_timeout import LaneTimeout
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-timeout = LaneTimeout("digits", {timeout}, poll_s=0.05)
+timeout = LaneTimeout.for_lane("digits", {timeout}, background_on_cpu={run_time}, cpus=1)
+timeout.poll_s = 0.05
 timeout.running(3)
-time.sleep({batch})
+end = time.monotonic() + {batch}
+while time.monotonic() < end:
+    {work}
 timeout.done()
 time.sleep(0.5)
 print("answered")
 """
+SLEEPS = "time.sleep(0.01)"  # waiting, as a batch that does not get the CPU does
+SPINS = "pass"
 
 
-def run(timeout: float, batch: float) -> tuple[subprocess.CompletedProcess, float]:
+def run(timeout: float, batch: float, run_time: bool = False, work: str = SLEEPS) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    code = PROGRAM.format(timeout=timeout, batch=batch)
+    code = PROGRAM.format(timeout=timeout, batch=batch, run_time=run_time, work=work)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     return done, time.monotonic() - started
 
@@ -34,10 +39,25 @@ def test_a_batch_past_the_lanes_timeout_ends_the_worker_within_the_timeout_and_a
     done, seconds = run(timeout=0.5, batch=30)
     assert done.returncode == EXIT_STATUS
     assert "answered" not in done.stdout
-    assert "lane digits: a batch of 3 request(s) ran past handler.response_timeout_s=0.5 s" in done.stderr
+    assert "lane digits: a batch of 3 request(s) ran past handler.response_timeout_s=0.5 s (wall-clock time)" in done.stderr
     assert seconds < 10  # the batch would have taken 30 s
 
 
 def test_a_batch_within_the_timeout_is_left_alone():
     done, _ = run(timeout=2, batch=0.1)
     assert (done.returncode, done.stdout.strip()) == (0, "answered")
+
+
+def test_a_lane_counting_run_time_leaves_a_batch_that_waits_past_its_limit_alone():
+    """A background lane on the CPU: a batch kept waiting (here asleep, using no CPU) for three times its limit is
+    not cut; starved at idle priority, it is slowed, not failed."""
+    done, seconds = run(timeout=0.5, batch=1.5, run_time=True, work=SLEEPS)
+    assert (done.returncode, done.stdout.strip()) == (0, "answered")
+    assert seconds >= 1.5
+
+
+def test_a_lane_counting_run_time_cuts_a_batch_that_runs_past_its_limit():
+    done, seconds = run(timeout=0.5, batch=30, run_time=True, work=SPINS)
+    assert done.returncode == EXIT_STATUS
+    assert "lane digits: a batch of 3 request(s) ran past handler.response_timeout_s=0.5 s (run time)" in done.stderr
+    assert seconds < 20  # the batch would have spun for 30 s

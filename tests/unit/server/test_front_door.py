@@ -131,3 +131,14 @@ def test_a_rendered_test_server_config_has_a_front_door_only_where_ports_are_giv
     assert front_door_addresses(fronted)["inference"] == "127.0.0.1:40000"
     assert Endpoints.from_config(fronted.path).inference == "http://127.0.0.1:40000"
     assert Endpoints.from_config(fronted.path, direct=True).inference == f"http://127.0.0.1:{ports['inference']}"
+
+
+def test_the_front_door_waits_as_long_as_torchserve_may_take_on_every_lane():
+    """TorchServe answers a lane within its archive's responseTimeout (wall clock, every lane of the archive); a bulk
+    chunk starved by the stream lanes may take that long, and nginx giving up first would answer it 504 while its
+    worker still runs it."""
+    from models.registry import models
+    from scripts.server.front_door import UPSTREAM_TIMEOUT_S
+
+    timeouts = {name: int(found.handler_config()["responseTimeout"]) for name, found in models().items()}
+    assert timeouts and all(UPSTREAM_TIMEOUT_S > seconds for seconds in timeouts.values()), (UPSTREAM_TIMEOUT_S, timeouts)
