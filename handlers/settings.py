@@ -74,9 +74,10 @@ class HandlerSettings:
     # but config.properties' max_request_size. The pod's gateway takes the same numbers per route.
     max_request_bytes: PerLane = None
     # Seconds one batch may run on a lane before its worker gives up (ends itself, so TorchServe answers the
-    # batch's requests 500 and starts another); null: only TorchServe's responseTimeout, which 0.12 takes from
-    # the archive for every lane alike. A stream lane's hung request then fails within seconds, a bulk chunk
-    # keeps the archive's long timeout.
+    # batch's requests 500 and starts another): wall-clock seconds, but on a background lane on the CPU seconds its
+    # worker ran (handlers/torchserve/lane_timeout.py, RunClock), so a chunk the stream lanes starve is slowed, not
+    # failed. null: only TorchServe's responseTimeout, which 0.12 takes from the archive for every lane alike (a
+    # wall-clock backstop of hours in this project's archives).
     response_timeout_s: PerLane = None
     # Read the frontend's messages through one buffer (handlers/torchserve/worker_protocol.py) instead of TorchServe's
     # recv per field: a fifth of the worker's time per request, and no copy of a large body beyond its size.

@@ -4,9 +4,10 @@ The OS preempts a SCHED_IDLE thread on the CPU, but not a pass holding the GIL o
 a GPU. While the stream lanes' signal is raised (handlers/lane_signal.py), and for `linger_s` after it last dropped,
 the bulk core cuts its rows into passes expected to take at most `pass_s` (learned from the bounded passes so far)
 and yields between them: on the CPU it gives its core to a waiting thread (sched_yield; back at once if none waits,
-so no core is left idle), on a GPU it waits until the signal drops, at most `max_wait_s` a time, so a saturated
-stream lane slows a job but never starves it (one bounded pass every max_wait_s at least). With no stream batch
-within the linger, a pass is full size.
+so no core is left idle), at most once per pass_s of the yielding thread's own CPU time (a yield costs the yielder
+the rest of its time slice: see _ran_since_yield); on a GPU it waits until the signal drops, at most `max_wait_s` a
+time, so a saturated stream lane slows a job but never starves it (one bounded pass every max_wait_s at least). With
+no stream batch within the linger, a pass is full size.
 
 On the CPU with several pass threads (`run_pulled`), each thread takes its next slice of rows itself, checks the
 signal and yields on its own: no thread waits for another's pass at a barrier, which a stream thread that preempts

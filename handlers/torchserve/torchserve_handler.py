@@ -101,9 +101,7 @@ class UnifiedHandler:
         )
         timeout_s = settings.timeout_for(lane)
         if timeout_s is not None:
-            background_on_cpu = priority == BACKGROUND and device.type == "cpu"
-            cpus = min(usable_cpus(), threads * passes)
-            self.timeout = LaneTimeout.for_lane(lane, timeout_s, background_on_cpu, cpus)
+            self.timeout = LaneTimeout.for_lane(lane, timeout_s, priority == BACKGROUND and device.type == "cpu")
         # From the next message on (this load's answer has not been sent yet, so nothing is buffered half read).
         fast_protocol = settings.fast_protocol and install_frame_reader(self.limits.max_bytes)
         logger.info(

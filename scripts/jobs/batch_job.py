@@ -214,7 +214,7 @@ def _runner(config: JobConfig):
     endpoints.token("inference")  # fail now, with the hint, if the server has not written its key file
     server = ServerConfig.read(config.config)
     lane = config.lane or f"{config.model}-bulk"
-    return ServerRunner.for_lane(endpoints, server, lane)
+    return ServerRunner.for_lane(endpoints, server, lane, config.concurrency)
 
 
 def _pump(runner, chunks: Iterator[list[Row]], sink: ResultSink, bar: tqdm, config: JobConfig, collector: PacedCollector) -> None:

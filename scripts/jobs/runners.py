@@ -8,6 +8,7 @@ the server's answer to `{"instances": [...]}`, so retries and bad-row isolation 
 from __future__ import annotations
 
 import io
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -125,18 +126,21 @@ class ServerRunner:
     latencies: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
-    def for_lane(cls, endpoints: Endpoints, server: ServerConfig, lane: str) -> ServerRunner:
+    def for_lane(cls, endpoints: Endpoints, server: ServerConfig, lane: str, in_flight: int = 1) -> ServerRunner:
         """A runner for `lane` that waits for an answer as long as TorchServe may take to give one: the lane's
-        responseTimeout in config.properties and a margin (a bulk lane's is a wall-clock backstop of hours; its own
-        limit counts the time its worker ran, so a chunk the stream lanes starve answers late, not never). A client
-        that gave up sooner would send the chunk again beside the one still running."""
+        responseTimeout in config.properties and a margin, once for each round of batches queued ahead of the last of
+        `in_flight` requests (batchSize x workers a round), and never less than the default. A bulk lane's is a
+        wall-clock backstop of hours (its own limit counts the time its worker ran, so a chunk the stream lanes starve
+        answers late, not never); a client that gave up sooner would send the chunk again beside the one still
+        queued or running."""
         timeout = cls.timeout
         try:
             settings = server.lane_settings(lane.removesuffix(BULK_SUFFIX)).get(lane)
         except ConfigError:
             settings = None  # a lane config.properties does not declare: the default
         if settings is not None:
-            timeout = settings.response_timeout + ANSWER_MARGIN_S
+            rounds = math.ceil(max(1, in_flight) / max(1, settings.batch_size * settings.workers))
+            timeout = max(timeout, rounds * (settings.response_timeout + ANSWER_MARGIN_S))
         return cls(endpoints, lane, server.max_request_size, timeout=timeout, job_queue_size=server.job_queue_size)
 
     @property

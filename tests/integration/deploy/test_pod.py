@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -97,10 +98,14 @@ def warmed_and_gated(served, model: str) -> dict:
     record = json.loads(marker(served.endpoints.key_file).read_text())
     assert record["lanes"] == list(lanes)
     assert sum(w["requests"] for w in record["warm_ups"]) == sum(w.requests for w in warmed)
-    samples = len(registry.model(model).samples().instances)
+    samples = registry.model(model).samples()
     assert set(record["samples"]) == set(lanes) and record["failed_gates"] == []
+    # digits' samples carry the data's true labels (min_agreement 0.95), and its training's floats differ by CPU: the
+    # model trained on an AMD EPYC VM (2026-12-07) misses one of 200 (sample 113, 8 for a 5), earlier machines' none.
+    # The other models' samples are their own answers (min_agreement 1.0).
     for lane, summary in record["samples"].items():
-        assert summary.startswith(f"gate passed on {lane}: 100.0% of {samples} samples"), summary
+        passed = re.fullmatch(rf"gate passed on {lane}: ([\d.]+)% of {len(samples.instances)} samples answered .*", summary)
+        assert passed and float(passed[1]) >= 100 * samples.min_agreement, summary
     return record
 
 

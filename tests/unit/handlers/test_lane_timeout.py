@@ -14,7 +14,7 @@ PROGRAM = """
 import logging, sys, time
 from handlers.torchserve.lane_timeout import LaneTimeout
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-timeout = LaneTimeout.for_lane("digits", {timeout}, background_on_cpu={run_time}, cpus=1)
+timeout = LaneTimeout.for_lane("digits", {timeout}, background_on_cpu={run_time})
 timeout.poll_s = 0.05
 timeout.running(3)
 end = time.monotonic() + {batch}
@@ -61,3 +61,36 @@ def test_a_lane_counting_run_time_cuts_a_batch_that_runs_past_its_limit():
     assert done.returncode == EXIT_STATUS
     assert "lane digits: a batch of 3 request(s) ran past handler.response_timeout_s=0.5 s (run time)" in done.stderr
     assert seconds < 20  # the batch would have spun for 30 s
+
+
+def test_the_run_clock_counts_the_busiest_threads_cpu_time_not_their_sum_nor_the_wall_clock():
+    """Two threads each running 0.3 s of CPU time read as 0.3 s run (a forward on every thread counts as the wall
+    clock would); a second asleep after them adds nothing."""
+    import threading
+
+    from handlers.torchserve.lane_timeout import RunClock
+
+    done = threading.Event()
+    spun = threading.Barrier(3)
+
+    def spin(seconds: float) -> None:  # then stays, as a worker's pass threads do between batches
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+        spun.wait()
+        done.wait()
+
+    clock = RunClock()
+    mark = clock.mark()
+    threads = [threading.Thread(target=spin, args=(0.3,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    spun.wait()
+    ran = clock.since(mark)
+    time.sleep(1)
+    later = clock.since(mark)
+    done.set()
+    for thread in threads:
+        thread.join()
+    assert 0.28 <= ran < 0.45, ran  # stat counts in ticks of 10 ms; the sum would be 0.6, the wall clock more
+    assert later < 0.45, later

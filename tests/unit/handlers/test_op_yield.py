@@ -3,6 +3,7 @@ passes one, the lane yields there while a stream lane is busy, and its passes ke
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -13,6 +14,14 @@ from handlers.lane_signal import LaneSignal
 from handlers.op_yield import OperatorYield
 from handlers.settings import HandlerSettings
 from handlers.yielding import YieldingPasses
+
+
+@pytest.fixture(autouse=True)
+def each_yield_point_finds_the_thread_has_run(monkeypatch):
+    """Each read of the thread's CPU clock finds it a second on, so the spacing of yields by the thread's run
+    (test_op_yield.py gives that test a clock of its own) never holds one back here, however little CPU a pass takes."""
+    ticks = itertools.count()
+    monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: float(next(ticks)))
 
 
 def small_model() -> torch.nn.Module:
@@ -190,22 +199,22 @@ def test_on_the_cpu_a_thread_yields_at_most_once_for_each_pass_s_it_has_run(tmp_
     batch's rise stays unseen and is yielded to (and its hold counted) once the thread has run pass_s."""
     yields = []
     monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
-    cpu = [5.0]
+    cpu = [5.0]  # seconds, in steps a float holds exactly
     monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: cpu[0])
     stream = LaneSignal("cpu", tmp_path)
     stream.claim()
-    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.5, between_operators=True)
     with stream.raised():
         assert yielding._yield_if_busy(False) is True
         assert len(yields) == 1
     time.sleep(0.001)
-    with stream.raised():  # a new batch while the thread has run 0.4 ms since its yield: bounded, no yield yet
-        cpu[0] += 0.0004
+    with stream.raised():  # a new batch while the thread has run half its pass_s since its yield: bounded, no yield yet
+        cpu[0] += 0.25
         assert yielding._yield_if_busy(True) is True
         yielding._yield_within_pass()
         assert len(yields) == 1
         assert len(yielding.stats.holds_s) == 0
-        cpu[0] += 0.0006  # 1 ms run since the last yield
+        cpu[0] += 0.25  # pass_s run since the last yield
         yielding._yield_within_pass()
         assert len(yields) == 2
         assert len(yielding.stats.holds_s) == 1

@@ -9,14 +9,21 @@ from scripts.server.config import ServerConfig
 from scripts.server.endpoints import Endpoints
 
 
-def test_a_jobs_client_waits_for_each_lane_past_its_response_timeout_and_600_s_for_an_undeclared_one(tmp_path):
+def test_a_jobs_client_waits_past_its_lanes_response_timeout_for_each_round_queued_ahead(tmp_path):
     server = ServerConfig.read(CONFIG)
     endpoints = Endpoints.from_config(CONFIG, tmp_path / "key_file.json")
     for found in models().values():
-        for lane in found.lanes:
-            runner = ServerRunner.for_lane(endpoints, server, lane.name)
-            assert runner.timeout == lane.response_timeout_s + ANSWER_MARGIN_S
-            assert runner.size_limit == server.max_request_size
+        bulk = found.bulk_lane
+        round_s = bulk.response_timeout_s + ANSWER_MARGIN_S
+        assert ServerRunner.for_lane(endpoints, server, bulk.name).timeout == round_s
+        per_round = bulk.batch_size * bulk.workers
+        # one request more than a round: the last waits for the round ahead of it, then its own
+        assert ServerRunner.for_lane(endpoints, server, bulk.name, per_round + 1).timeout == 2 * round_s
+        assert ServerRunner.for_lane(endpoints, server, bulk.name).size_limit == server.max_request_size
+        # A stream lane's config.properties figure is shorter than the default: the default stands.
+        stream = found.stream_lane
+        assert stream.response_timeout_s + ANSWER_MARGIN_S < 600
+        assert ServerRunner.for_lane(endpoints, server, stream.name).timeout == 600.0
     assert ServerRunner.for_lane(endpoints, server, "nowhere-bulk").timeout == 600.0
 
 
