@@ -198,7 +198,7 @@ class YieldingPasses:
         yielded, not again while the same batches run. Once the core is given to a rise, yielding at every operator
         after it gives nothing to that batch and starves the job: a SCHED_IDLE thread that calls sched_yield every
         0.1 ms beside saturated stream lanes ran minilm's 32-row soak job past its 600 s response timeout (CI's make
-        soak of 2026-12-06; between passes, where a pass takes milliseconds, the lane yields while the signal is up).
+        soak of 2026-12-06). Between passes and here alike, a thread on the CPU yields at most once per pass_s it ran.
         A hold it sees is bounded by the operator before it, so it counts with those seen after a bounded pass
         (YieldStats.holds_s), whatever the pass's size."""
         if any(rose not in self._seen_rises for rose in self.signal.rises()):

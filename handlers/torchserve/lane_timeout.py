@@ -81,7 +81,6 @@ class LaneTimeout:
         self.timeout_s = timeout_s
         self.poll_s = poll_s
         self.clock = clock or WallClock()
-        self.counts = self.clock.counts
         self._started: Any = None
         self._requests = 0
         self._thread = threading.Thread(target=self._watch, name=f"{lane}-timeout", daemon=True)
@@ -117,7 +116,7 @@ class LaneTimeout:
             self.lane,
             self._requests,
             self.timeout_s,
-            self.counts,
+            self.clock.counts,
         )
         for handler in logging.getLogger().handlers:
             handler.flush()

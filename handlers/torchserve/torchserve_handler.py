@@ -114,7 +114,7 @@ class UnifiedHandler:
             settings.max_batch_rows,
             self.limits.max_rows,
             self.limits.max_bytes,
-            timeout_s if self.timeout is None else f"{timeout_s} ({self.timeout.counts} time)",
+            timeout_s if self.timeout is None else f"{timeout_s} ({self.timeout.clock.counts} time)",
             settings.precision,
             settings.deterministic,
             torch.get_num_threads(),

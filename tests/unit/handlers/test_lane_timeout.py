@@ -53,7 +53,7 @@ def test_a_lane_counting_run_time_leaves_a_batch_that_waits_past_its_limit_alone
     not cut; starved at idle priority, it is slowed, not failed."""
     done, seconds = run(timeout=0.5, batch=1.5, run_time=True, work=SLEEPS)
     assert (done.returncode, done.stdout.strip()) == (0, "answered")
-    assert seconds >= 1.5
+    assert "ran past" not in done.stderr and seconds < 20
 
 
 def test_a_lane_counting_run_time_cuts_a_batch_that_runs_past_its_limit():
