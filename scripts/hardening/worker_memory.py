@@ -4,7 +4,8 @@
     python -m scripts.hardening.worker_memory --lanes digits   # only some lanes
 
 The requests come from each lane's own limits (its archive's model-config.yaml: rows, bytes, pixels, text bytes
-and tokens), through its task's worst cases (TASK_PROBES: a task that is new here adds its own) and those every lane
+and tokens), through its task's worst cases (TASK_PROBES; a task without its own there gets its model's largest
+sample instance repeated to the lane's row and byte limits, so a new task needs no edit here) and those every lane
 shares (bodies of empty objects filling its byte limit and max_request_size). For each request, every worker of the
 lane gets its peak RSS reset (writing 5 to /proc/<pid>/clear_refs), the request is sent alone, and the answering
 worker (X-Worker-Pid) reports VmRSS and VmHWM (the peak) from /proc/<pid>/status. Linux only. The figures are in
@@ -114,12 +115,14 @@ class Limits:
     bytes: int | None
     options: Mapping[str, Any]
     request_size: int
+    samples: tuple[Any, ...] = ()  # the lane's model's sample instances (models/<name>/samples.json)
 
     @classmethod
     def of(cls, lane: str, request_size: int) -> Limits:
         found, _ = registry.lane(lane)
         settings = MarFile(MODEL_STORE / f"{found.name}.mar").settings()
-        return cls(lane, settings.task, settings.rows_for(lane), settings.bytes_for(lane), settings.task_options, request_size)
+        rows, size = settings.rows_for(lane), settings.bytes_for(lane)
+        return cls(lane, settings.task, rows, size, settings.task_options, request_size, found.samples().instances)
 
     @property
     def refuses_on_size(self) -> bool:
@@ -190,6 +193,23 @@ def image_probes(limits: Limits) -> list[Probe]:
     ]
 
 
+def sample_probes(limits: Limits) -> list[Probe]:
+    """For a task without probes of its own: the model's largest sample instance (as JSON), as many times as the
+    lane's rows and bytes allow, and once alone. A task's own probes know its costly inputs (the most pixels, the
+    longest texts) and are better; these size a new task's lane from what it really serves."""
+    if not limits.samples:
+        raise ScriptError(
+            f"no worst-case requests for task {limits.task!r} on {limits.lane}: its model has no samples "
+            f"(models/<name>/samples.json) and the task no probes in TASK_PROBES ({__file__})"
+        )
+    item = max((orjson.dumps(instance) for instance in limits.samples), key=len)
+    count = limits.fitting(limits.rows or 1024, item)
+    return [
+        Probe(limits.lane, f"{count} of its largest sample ({len(item)} bytes)", lambda _: rows_of(count, item), JSON),
+        Probe(limits.lane, f"its largest sample alone ({len(item)} bytes)", lambda _: rows_of(1, item), JSON),
+    ]
+
+
 TASK_PROBES: dict[str, Callable[[Limits], list[Probe]]] = {
     "digit_classification": digit_probes,
     "text_embedding": text_probes,
@@ -198,16 +218,15 @@ TASK_PROBES: dict[str, Callable[[Limits], list[Probe]]] = {
 
 
 def probes_for(limits: Limits) -> list[Probe]:
-    """The lane's task's worst cases, then those every lane shares."""
-    if limits.task not in TASK_PROBES:
-        raise ScriptError(f"no worst-case requests for task {limits.task!r}: add its probes to TASK_PROBES ({__file__})")
+    """The lane's task's worst cases (its model's samples where the task has none here), then those every lane
+    shares."""
     refused = "413 on its size" if limits.refuses_on_size else "parsed, then 413 on rows"
     shared = [Probe(limits.lane, f"max_request_size of {{}} ({refused})", lambda limit: fill(limit, b"{}"), JSON)]
     if limits.refuses_on_size:
         shared.append(
             Probe(limits.lane, "max_request_bytes of {} (parsed, then 413 on rows)", lambda _: fill(limits.bytes, b"{}"), JSON)
         )
-    return TASK_PROBES[limits.task](limits) + shared
+    return TASK_PROBES.get(limits.task, sample_probes)(limits) + shared
 
 
 def status_bytes(pid: int, field: str) -> int:

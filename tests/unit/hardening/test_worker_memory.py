@@ -50,9 +50,22 @@ def test_a_stream_lanes_cases_take_its_row_and_pixel_limits(monkeypatch):
     assert Image.open(io.BytesIO(base64.b64decode(instances[0]["b64"]))).size == (side, side)
 
 
-def test_a_task_without_worst_cases_is_refused_with_the_fix():
+def test_a_task_without_worst_cases_of_its_own_gets_its_models_largest_sample_to_the_lanes_limits():
+    small, large = {"audio": "a" * 10}, {"audio": "a" * 1000}
+    limits = Limits("new", "audio_tagging", 8, None, {}, REQUEST_SIZE, (small, large, small))
+    bodies = {probe.name: probe.build(REQUEST_SIZE) for probe in probes_for(limits)}
+    assert orjson.loads(bodies["8 of its largest sample (1012 bytes)"]) == {"instances": [large] * 8}
+    assert orjson.loads(bodies["its largest sample alone (1012 bytes)"]) == {"instances": [large]}
+    # within the lane's own bytes: 4000 bytes hold 3 of them
+    narrow = Limits("new", "audio_tagging", 8, 4000, {}, REQUEST_SIZE, (large,))
+    [many] = [probe for probe in probes_for(narrow) if "of its largest sample" in probe.name]
+    body = many.build(REQUEST_SIZE)
+    assert len(orjson.loads(body)["instances"]) == 3 and len(body) <= 4000
+
+
+def test_a_task_without_worst_cases_or_samples_is_refused_with_the_fix():
     limits = Limits("new", "audio_tagging", 8, None, {}, REQUEST_SIZE)
-    with pytest.raises(ScriptError, match="no worst-case requests for task 'audio_tagging': add its probes to TASK_PROBES"):
+    with pytest.raises(ScriptError, match="task 'audio_tagging' on new: its model has no samples"):
         probes_for(limits)
 
 
