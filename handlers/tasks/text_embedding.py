@@ -1,7 +1,7 @@
 """Text embedding task (`minilm`): UTF-8 text -> {"embedding": [384 unit-length floats], "truncated": bool}.
 
-Tokenizes with the `tokenizers` library from the tokenizer.json shipped in the archive; the exported
-model does mean pooling and L2 normalisation itself. Batches are padded to their longest row only.
+Decoding (sizes, Unicode, tokens) is handlers/texts.py's, shared by text tasks; the exported model does mean pooling
+and L2 normalisation itself. Batches are padded to their longest row only.
 """
 
 from __future__ import annotations
@@ -9,29 +9,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-from tokenizers import Tokenizer
 
-from handlers.errors import RequestError, SettingsError, too_large
+from handlers.errors import SettingsError
 from handlers.model_files import load_program
 from handlers.tasks.base import Task, instances_body
+from handlers.texts import TextDecoder, TokenizedText
+
+__all__ = ["TextEmbedding", "TextEmbeddingOptions", "TokenizedText"]
 
 DEFAULT_TOKENIZER_FILE = "tokenizer.json"
 # The export's sequence axis ends here (models/minilm/export.py); a longer setting could not run.
 EXPORTED_MAX_SEQ_LENGTH = 256
-PAD_TOKEN = "[PAD]"
 # handler.max_text_bytes' default: 256 tokens of any language fit in far less, and tokenizing 64 KiB takes
 # milliseconds (a whole text is tokenized before it is cut to max_seq_length tokens).
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
-
-
-class TokenizedText(NamedTuple):
-    """One row: token ids with [CLS]/[SEP], at most max_seq_length of them, and whether text was cut."""
-
-    ids: list[int]
-    truncated: bool
 
 
 @dataclass(frozen=True)
@@ -72,10 +66,8 @@ class TextEmbedding(Task):
     def __init__(self, options: TextEmbeddingOptions) -> None:
         self.tokenizer_file = options.tokenizer_file
         self.max_seq_length = options.max_seq_length
-        self.max_text_bytes = options.max_text_bytes
         self.pad_to_multiple = options.pad_to_multiple
-        self.tokenizer: Tokenizer | None = None
-        self.pad_id = 0
+        self.text = TextDecoder(options.max_text_bytes, options.max_seq_length)
 
     def load_model(self, model_path: Path, device: torch.device):
         self.load_files(model_path.parent)
@@ -83,62 +75,17 @@ class TextEmbedding(Task):
 
     def load_files(self, folder: Path) -> None:
         # The tokenizer ships beside the model file, so it is loaded here, where the archive folder is known.
-        self.tokenizer = self._load_tokenizer(folder / self.tokenizer_file)
-
-    def _load_tokenizer(self, path: Path) -> Tokenizer:
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer file {path} not found in the archive (handler.tokenizer_file)")
-        tokenizer = Tokenizer.from_file(str(path))
-        # tokenizer.json carries the hub's defaults (fixed padding, 128-token truncation): replace them,
-        # padding is done per micro-batch in collate().
-        tokenizer.no_padding()
-        tokenizer.enable_truncation(max_length=self.max_seq_length)
-        pad_id = tokenizer.token_to_id(PAD_TOKEN)
-        self.pad_id = 0 if pad_id is None else pad_id
-        return tokenizer
+        self.text.load(folder / self.tokenizer_file)
 
     # -- decode ---------------------------------------------------------------------------------
 
     def decode_raw(self, body: bytes | str) -> TokenizedText:
-        if isinstance(body, (bytes, bytearray)):
-            self._check_size(len(body))
-            try:
-                body = bytes(body).decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise RequestError(f'body must be UTF-8 text (or JSON {{"instances": [str, ...]}}): {error}') from None
-        return self._tokenize(self._checked(body))
+        return self.text.from_body(body)
 
     GRAPH_EXAMPLE_ITEM = "a"  # decoded once to capture CUDA graphs (handlers/cuda_graphs.py)
 
     def decode_instance(self, item: Any) -> TokenizedText:
-        if not isinstance(item, str):
-            raise RequestError(f"expected a string, got {type(item).__name__}")
-        return self._tokenize(self._checked(item))
-
-    def _checked(self, text: str) -> str:
-        """`text` if it is within max_text_bytes and valid Unicode: a 413 or 400 naming what is wrong otherwise."""
-        if len(text) > 4 * self.max_text_bytes:  # a character is 1 to 4 bytes: no need to encode a text far over
-            self._check_size(len(text), at_least=True)
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError as error:  # a lone surrogate from a JSON "\ud800" escape
-            raise RequestError(f"text is not valid Unicode: {error.reason} at character {error.start}") from None
-        self._check_size(size)
-        # Control characters, NUL included, are text here: the tokenizer drops them, as sentence-transformers does.
-        return text
-
-    def _check_size(self, size: int, at_least: bool = False) -> None:
-        if size > self.max_text_bytes:
-            raise too_large(
-                f"text is {'at least ' if at_least else ''}{size} bytes, over the limit of {self.max_text_bytes} bytes "
-                "(handler.max_text_bytes); "
-                f"only its first {self.max_seq_length} tokens are embedded anyway: send a shorter text"
-            )
-
-    def _tokenize(self, text: str) -> TokenizedText:
-        # An empty or blank text becomes [CLS][SEP], as in sentence-transformers; it has an embedding too.
-        encoding = self.tokenizer.encode(text)
-        return TokenizedText(ids=encoding.ids, truncated=bool(encoding.overflowing))
+        return self.text.from_instance(item)
 
     # -- batch ----------------------------------------------------------------------------------
 
@@ -151,7 +98,7 @@ class TextEmbedding(Task):
             length = min(self.max_seq_length, -(-longest // self.pad_to_multiple) * self.pad_to_multiple)
         else:
             length = self.max_seq_length
-        input_ids = torch.full((count, length), self.pad_id, dtype=torch.long)
+        input_ids = torch.full((count, length), self.text.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((count, length), dtype=torch.long)
         for index, row in enumerate(rows):
             input_ids[index, : len(row.ids)] = torch.tensor(row.ids, dtype=torch.long)

@@ -125,7 +125,7 @@ def test_text_that_is_not_valid_unicode_fails_alone(core):
 
 def test_the_text_byte_limit_is_checked_before_tokenizing(minilm_dir):
     task = build_task(minilm_settings(max_text_bytes=100))
-    task.tokenizer = None  # never loaded: a text that reached the tokenizer would fail with an AttributeError
+    task.text.tokenizer = None  # never loaded: a text that reached the tokenizer would fail with an AttributeError
     for text, size in [("x" * 101, "101 bytes"), ("é" * 60, "120 bytes"), ("x" * 401, "at least 401 bytes")]:
         with pytest.raises(RequestError) as caught:
             task.decode_instance(text)
