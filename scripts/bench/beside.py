@@ -307,6 +307,15 @@ def point_of(target, load: str, plan: Plan, capacity: float, condition: str, pid
     return point
 
 
+def lane_capacity(target: loadgen.Target, seconds: float, warmup_s: float) -> float:
+    """The stream lane's req/s at 16 connections (closed loop), which the open-loop loads are shares of, measured warm:
+    a first run of the same length is discarded. Right after start-up the frontend's JIT and the servers' workers are
+    cold: measured first, digits read 1,129 req/s where its runs at 16 connections minutes later read 2,328
+    (2026-12-07), and so its "50%" load was about a quarter."""
+    loadgen.closed_loop(target, 16, seconds, warmup_s=warmup_s)
+    return loadgen.closed_loop(target, 16, seconds, warmup_s=warmup_s).rps
+
+
 def wait_idle(pids, timeout: float = 30.0, window: float = 0.3) -> None:
     """Until the processes `pids()` names use no CPU for a window (a paused job's bulk requests in flight answered)."""
     deadline = time.monotonic() + timeout
@@ -372,7 +381,7 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
             off = stack.enter_context(serving_in(workdir / "off-server", {f"{model}.mar": off_archive}, lanes, own_session=False))
         endpoints = server.endpoints
         target = loadgen.Target(endpoints.prediction_url(model), body, JSON, endpoints.token("inference"))
-        capacity = loadgen.closed_loop(target, 16, plan.seconds, warmup_s=plan.warmup).rps
+        capacity = lane_capacity(target, plan.seconds, plan.warmup)
         result = ModelResult(model, capacity)
         print(f"{model}: capacity {capacity:,.0f} req/s at 16 connections", flush=True)
         pids = stream_pids(server, model)

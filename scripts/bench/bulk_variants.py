@@ -25,7 +25,7 @@ from models import registry
 from scripts import cli
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
-from scripts.bench.beside import JobLoop, job_input, job_rate, wait_idle
+from scripts.bench.beside import JobLoop, job_input, job_rate, lane_capacity, wait_idle
 from scripts.bench.stream import request_body
 from scripts.layout import JSON, MODEL_STORE
 from scripts.server.temporary import only_lanes_of, serving_in
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             servers[name] = stack.enter_context(served)
         endpoints = servers["default"].endpoints
         target = loadgen.Target(endpoints.prediction_url(model), request_body(model), JSON, endpoints.token("inference", 3600))
-        capacity = loadgen.closed_loop(target, 16, 3, warmup_s=1).rps
+        capacity = lane_capacity(target, 3, 1)
         jobs, drained = {}, {}
         for name, server in servers.items():
             config = ["--config", str(server.config), "--key-file", str(server.endpoints.key_file)]
