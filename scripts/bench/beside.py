@@ -308,10 +308,10 @@ def point_of(target, load: str, plan: Plan, capacity: float, condition: str, pid
 
 
 def lane_capacity(target: loadgen.Target, seconds: float, warmup_s: float) -> float:
-    """The stream lane's req/s at 16 connections (closed loop), which the open-loop loads are shares of, measured warm:
-    a first run of the same length is discarded. Right after start-up the frontend's JIT and the servers' workers are
-    cold: measured first, digits read 1,129 req/s where its runs at 16 connections minutes later read 2,328
-    (2026-12-07), and so its "50%" load was about a quarter."""
+    """The stream lane's req/s at 16 connections (closed loop), which the open-loop loads are shares of, measured after
+    a first run of the same length, discarded: measured first, right after start-up, digits read 1,129 req/s where its
+    runs at 16 connections minutes later read 2,328 (2026-12-07 05:51). Warmed so it read 1,373 against 2,053-2,332
+    later (07:00): better, still low, and why is not known; the section prints the rate each point ran at."""
     loadgen.closed_loop(target, 16, seconds, warmup_s=warmup_s)
     return loadgen.closed_loop(target, 16, seconds, warmup_s=warmup_s).rps
 

@@ -21,6 +21,9 @@ from scripts.layout import ROOT
 from scripts.server.endpoints import Endpoints
 
 BIN = Path(sys.executable).parent
+# TorchServe's pid file in its $TMPDIR (ts/model_server.py), and the frontend's main class on the java command line.
+PID_FILE = ".model_server.pid"
+FRONTEND_CLASS = b"org.pytorch.serve.ModelServer"
 JAVA_HELP = "java 17 is required: `apt-get install openjdk-17-jre-headless` (Debian/Ubuntu) or set JAVA_HOME"
 
 
@@ -73,6 +76,7 @@ class Server:
         own_session=False: a process group in the caller's session, whose CPU share the kernel's autogroup then
         shares with it (the beside-a-job bench: its jobs' idle priority is ordered against the lanes only there)."""
         check_java()
+        self._drop_stale_pid_file()
         command = [
             *torchserve_command(),
             "--start",
@@ -101,6 +105,23 @@ class Server:
                 command, cwd=self.workdir, env=env, check=True, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         return None
+
+    def _drop_stale_pid_file(self) -> None:
+        """TorchServe refuses to start while its pid file names any live process or thread, and a server stopped by a
+        signal leaves the file behind. Once that id is reused (ids are shared by every thread: a long bench goes round
+        pid_max's 32,768 in minutes), the next server started from the same folder refused, "TorchServe is already
+        running" (make bench-beside, 2026-12-07). The file is dropped unless it names a running TorchServe frontend."""
+        pid_file = self._tmpdir() / PID_FILE
+        try:
+            pid = int(pid_file.read_text().strip())
+            status = Path(f"/proc/{pid}/status").read_text()
+            frontend = FRONTEND_CLASS in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            pid_file.unlink(missing_ok=True)
+            return
+        process = f"\nTgid:\t{pid}\n" in status  # a process, not a thread of another one
+        if not (process and frontend):
+            pid_file.unlink(missing_ok=True)
 
     def _tmpdir(self) -> Path:
         # TorchServe keeps its pid file in $TMPDIR: one per server, so a test server and `make serve` coexist.

@@ -1,0 +1,52 @@
+"""A throwaway server's folder may hold the pid file of the last TorchServe started there: TorchServe refuses to start
+while it names any live process or thread, so Server drops it unless it names a running frontend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from scripts.server.process import FRONTEND_CLASS, PID_FILE, Server
+
+
+def server_in(tmp_path) -> Server:
+    return Server(config=tmp_path / "config.properties", workdir=tmp_path, model_store=tmp_path / "model_store")
+
+
+def stale_after(server: Server, pid: int) -> bool:
+    pid_file = server._tmpdir() / PID_FILE
+    pid_file.write_text(str(pid))
+    server._drop_stale_pid_file()
+    return not pid_file.exists()
+
+
+def test_a_pid_file_naming_no_frontend_is_dropped(tmp_path):
+    server = server_in(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert stale_after(server, int(finished.stdout))  # an exited process
+    assert stale_after(server, os.getpid())  # a live process that is not a frontend
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert thread.native_id != os.getpid() and os.path.exists(f"/proc/{thread.native_id}/status")
+        assert stale_after(server, thread.native_id)  # a thread's id, which TorchServe's check takes for a process
+    finally:
+        release.set()
+        thread.join()
+    (server._tmpdir() / PID_FILE).write_text("not a number")
+    server._drop_stale_pid_file()
+    assert not (server._tmpdir() / PID_FILE).exists()
+
+
+def test_a_pid_file_naming_a_running_frontend_is_kept(tmp_path):
+    server = server_in(tmp_path)
+    frontend = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", FRONTEND_CLASS.decode()])
+    try:
+        assert not stale_after(server, frontend.pid)
+    finally:
+        frontend.kill()
+        frontend.wait()
+    assert stale_after(server, frontend.pid)
