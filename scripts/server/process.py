@@ -107,10 +107,10 @@ class Server:
         return None
 
     def _drop_stale_pid_file(self) -> None:
-        """TorchServe refuses to start while its pid file names any live process or thread, and a server stopped by a
-        signal leaves the file behind. Once that id is reused (ids are shared by every thread: a long bench goes round
-        pid_max's 32,768 in minutes), the next server started from the same folder refused, "TorchServe is already
-        running" (make bench-beside, 2026-12-07). The file is dropped unless it names a running TorchServe frontend."""
+        """TorchServe refuses to start while its pid file names any live process or thread, and a server killed by a
+        signal leaves the file behind: once that id is reused (ids are shared by every thread, and pid_max is 32,768
+        here), the next server started from the same folder would refuse, "TorchServe is already running". The file
+        is dropped unless it names a running TorchServe frontend (one still running keeps it: stop() waits for it)."""
         pid_file = self._tmpdir() / PID_FILE
         try:
             pid = int(pid_file.read_text().strip())
@@ -171,7 +171,9 @@ class Server:
             env = {**os.environ, "TMPDIR": str(self._tmpdir())}
             subprocess.run([str(BIN / "torchserve"), "--stop"], cwd=self.workdir, env=env, check=False)
             return
-        stop_process_group(process, timeout=30)
+        # Until the JVM and the workers are gone too: the launcher exits first, and a server started from the same
+        # folder while the JVM still runs refuses ("already running": make bench-beside's second model, 2026-12-07).
+        stop_process_group(process, timeout=30, whole_group=True)
 
 
 def worker_environment(environ: dict[str, str]) -> dict[str, str]:
