@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 from scripts.server.process import FRONTEND_CLASS, PID_FILE, Server
 
@@ -18,7 +19,7 @@ def server_in(tmp_path) -> Server:
 def stale_after(server: Server, pid: int) -> bool:
     pid_file = server._tmpdir() / PID_FILE
     pid_file.write_text(str(pid))
-    server._drop_stale_pid_file()
+    server._clear_pid_file()
     return not pid_file.exists()
 
 
@@ -37,8 +38,18 @@ def test_a_pid_file_naming_no_frontend_is_dropped(tmp_path):
         release.set()
         thread.join()
     (server._tmpdir() / PID_FILE).write_text("not a number")
-    server._drop_stale_pid_file()
+    server._clear_pid_file()
     assert not (server._tmpdir() / PID_FILE).exists()
+
+
+def test_a_new_server_waits_for_the_last_frontend_of_its_folder_to_exit(tmp_path):
+    server = server_in(tmp_path)
+    frontend = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)", FRONTEND_CLASS.decode()])
+    (server._tmpdir() / PID_FILE).write_text(str(frontend.pid))
+    started = time.monotonic()
+    threading.Thread(target=frontend.wait).start()  # reaped as it exits, as the launcher's parent does
+    server._clear_pid_file(wait_s=10)
+    assert 0.3 < time.monotonic() - started < 5 and not (server._tmpdir() / PID_FILE).exists()
 
 
 def test_a_pid_file_naming_a_running_frontend_is_kept(tmp_path):
