@@ -16,6 +16,17 @@ def server_in(tmp_path) -> Server:
     return Server(config=tmp_path / "config.properties", workdir=tmp_path, model_store=tmp_path / "model_store")
 
 
+def stand_in_frontend(seconds: float) -> subprocess.Popen:
+    """A process with the frontend's class on its command line, returned once it runs it (after exec: before, its
+    /proc cmdline is still the parent's)."""
+    frontend = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", FRONTEND_CLASS.decode()])
+    deadline = time.monotonic() + 10
+    while FRONTEND_CLASS not in open(f"/proc/{frontend.pid}/cmdline", "rb").read():
+        assert time.monotonic() < deadline, "the stand-in frontend did not start"
+        time.sleep(0.01)
+    return frontend
+
+
 def stale_after(server: Server, pid: int) -> bool:
     pid_file = server._tmpdir() / PID_FILE
     pid_file.write_text(str(pid))
@@ -44,7 +55,7 @@ def test_a_pid_file_naming_no_frontend_is_dropped(tmp_path):
 
 def test_a_new_server_waits_for_the_last_frontend_of_its_folder_to_exit(tmp_path):
     server = server_in(tmp_path)
-    frontend = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)", FRONTEND_CLASS.decode()])
+    frontend = stand_in_frontend(0.6)
     (server._tmpdir() / PID_FILE).write_text(str(frontend.pid))
     started = time.monotonic()
     threading.Thread(target=frontend.wait).start()  # reaped as it exits, as the launcher's parent does
@@ -54,7 +65,7 @@ def test_a_new_server_waits_for_the_last_frontend_of_its_folder_to_exit(tmp_path
 
 def test_a_pid_file_naming_a_running_frontend_is_kept(tmp_path):
     server = server_in(tmp_path)
-    frontend = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", FRONTEND_CLASS.decode()])
+    frontend = stand_in_frontend(60)
     try:
         assert not stale_after(server, frontend.pid)
     finally:
