@@ -2,12 +2,12 @@
 
 The OS preempts a SCHED_IDLE thread on the CPU, but not a pass holding the GIL of a process, nor a kernel queued on
 a GPU. While the stream lanes' signal is raised (handlers/lane_signal.py), and for `linger_s` after it last dropped,
-the bulk core cuts its rows into passes expected to take at most `pass_s` (learned from the bounded passes so far)
-and yields between them: on the CPU it gives its core to a waiting thread (sched_yield; back at once if none waits,
-so no core is left idle), at most once per pass_s of the yielding thread's own CPU time (a yield costs the yielder
-the rest of its time slice: see _ran_since_yield); on a GPU it waits until the signal drops, at most `max_wait_s` a
-time, so a saturated stream lane slows a job but never starves it (one bounded pass every max_wait_s at least). With
-no stream batch within the linger, a pass is full size.
+the bulk core cuts its rows into passes expected to take at most `pass_s` (learned from the bounded passes so far,
+timed on the CPU in what the pass thread ran: see pass_cpu_s) and yields between them: on the CPU it gives its core
+to a waiting thread (sched_yield; back at once if none waits, so no core is left idle), at most once per pass_s of
+the yielding thread's own CPU time (a yield costs the yielder the rest of its time slice: see _ran_since_yield); on
+a GPU it waits until the signal drops, at most `max_wait_s` a time, so a saturated stream lane slows a job but never
+starves it (one bounded pass every max_wait_s at least). With no stream batch within the linger, a pass is full size.
 
 On the CPU with several pass threads (`run_pulled`), each thread takes its next slice of rows itself, checks the
 signal and yields on its own: no thread waits for another's pass at a barrier, which a stream thread that preempts
@@ -51,6 +51,13 @@ LEARNING = 0.3
 TRAFFIC_NS = 1_000_000_000
 # A thread's CPU time (time actually run), read to space its yields on the CPU; a name of its own so tests can set it.
 thread_cpu_s = time.thread_time
+# The clock a pass's stretches are timed with on the CPU: the pass thread's own run time, as for the spacing, but a name
+# of its own (tests tick the spacing's clock). A core is held only while its thread runs: a pass thread that waits for
+# the GIL (two pass threads of one worker take turns at it between operators) or that a stream thread preempted holds
+# none. Timed on the wall clock, those waits made bounded passes look long, and the rows a pass may hold shrank to
+# one: digits' bulk core (two pass threads, in process, the signal held up) ran 1,600-2,000 rows/s in 1 ms passes,
+# its full passes 22,000-24,000 (2026-12-07).
+pass_cpu_s = time.thread_time
 
 
 @dataclass
@@ -156,7 +163,8 @@ class YieldingPasses:
             if not part:
                 return
             part = order[part.start : part.stop]
-            started = time.perf_counter()
+            clock = pass_cpu_s if self.on_cpu else time.perf_counter  # a GPU's passes: the wall clock, kernels and all
+            started = clock()
             points = OperatorYield(self._yield_within_pass) if self._points_wanted(bounded) else None
             try:
                 with points if points is not None else contextlib.nullcontext():
@@ -165,7 +173,7 @@ class YieldingPasses:
                 cursor.stop()  # the other threads take no more slices
                 raise
             # What the bound limits: the longest stretch without a yield point, the whole pass when there are none.
-            stretch = points.longest_stretch_s() if points is not None else time.perf_counter() - started
+            stretch = points.longest_stretch_s() if points is not None else clock() - started
             if bounded:  # learned from bounded passes only: their rows and time are the pass's own
                 with self._lock:
                     self._learn(stretch, len(part) * max(1, cost(rows[part[-1]])))

@@ -14,6 +14,7 @@ from handlers.lane_signal import LaneSignal
 from handlers.op_yield import OperatorYield
 from handlers.settings import HandlerSettings
 from handlers.yielding import YieldingPasses
+from tests.unit.handlers.cpu_work import run_for
 
 
 @pytest.fixture(autouse=True)
@@ -69,12 +70,12 @@ def test_the_signal_is_read_at_most_every_check_ns():
 
 
 class RowTimedOps(torch.nn.Module):
-    """Ten operators, each followed by 0.2 ms a row of computing-like time (a sleep: what the yield points see)."""
+    """Ten operators, each followed by 0.2 ms a row run on the thread's CPU (what the yield points time)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for _ in range(10):
             x = x + 1
-            time.sleep(0.0002 * len(x))
+            run_for(0.0002 * len(x))
         return x
 
 
@@ -140,6 +141,26 @@ def test_while_raised_a_pass_is_sized_by_its_longest_operator_not_its_whole_time
         kinds[between] = sizes
     assert max(kinds[False]) == 1, kinds  # whole passes of 2 ms a row: one row (the least)
     assert max(kinds[True]) > 1, kinds  # learned from the operators: more than one row
+
+
+class WaitsBetweenOps(torch.nn.Module):
+    """Operators that take microseconds, with a 5 ms wait between two of them (a wait for the GIL or a core)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        time.sleep(0.005)
+        return x * 2
+
+
+def test_a_stretch_between_operators_counts_what_the_thread_ran_not_its_waits():
+    model, calls, x = WaitsBetweenOps(), [], torch.ones(4)
+    started = time.perf_counter()
+    with torch.inference_mode(), OperatorYield(lambda: calls.append(1), check_ns=0) as points:
+        out = model(x)
+    assert out.tolist() == [4.0] * 4
+    assert time.perf_counter() - started > 0.005
+    assert len(calls) == 2  # a point before each operator
+    assert points.longest_stretch_s() < 0.003  # the 5 ms wait ran next to nothing
 
 
 @pytest.mark.parametrize(

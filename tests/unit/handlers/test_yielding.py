@@ -13,6 +13,7 @@ import pytest
 
 from handlers.lane_signal import SLOTS, LaneSignal
 from handlers.yielding import YieldingPasses
+from tests.unit.handlers.cpu_work import run_for
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +33,7 @@ def passes_of(yielding: YieldingPasses, rows: list[int], on_each=None) -> tuple[
 
     def run(part):
         sizes.append(len(part))
-        time.sleep(0.0002 * len(part))  # a pass's time grows with its rows, as a forward pass's does
+        run_for(0.0002 * len(part))  # a pass's time grows with its rows, as a forward pass's does
         if on_each is not None:
             on_each(len(sizes))
         return [row * 10 for row in part]
@@ -149,7 +150,7 @@ def test_the_passes_stay_bounded_for_the_linger_after_a_stream_batch_ends_then_f
 
     def run(part):
         sizes.append((time.monotonic() - ended, len(part)))
-        time.sleep(0.0002 * len(part))
+        run_for(0.0002 * len(part))
         return part
 
     yielding.run(list(range(3000)), lambda row: 1, run)
@@ -183,6 +184,32 @@ def test_bounded_passes_grow_to_the_bound_despite_a_fixed_cost_a_pass(tmp_path):
     assert set(sizes[-10:]) == {7}  # 7.4 rows fit a 0.95 ms pass of 7: it stays there
 
 
+def test_a_bounded_pass_is_timed_in_what_its_thread_ran_not_in_its_waits(tmp_path):
+    """A pass thread that waits (for the GIL, which a worker's two pass threads take turns at, or for a core a stream
+    thread took) holds no core. Each pass here runs 0.02 ms a row and then waits 2 ms: on the wall clock every pass
+    would be over the 1 ms bound and stay at one row (digits' bulk core fell so to 1,600-2,000 rows/s in process, its
+    full passes 22,000); in the thread's run time they grow to the bound."""
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), FULL, on_cpu=True, pass_s=0.001)
+    sizes, walls = [], []
+
+    def run(part):
+        started = time.perf_counter()
+        sizes.append(len(part))
+        run_for(0.00002 * len(part))
+        time.sleep(0.002)
+        walls.append(time.perf_counter() - started)
+        return part
+
+    with stream.raised():
+        results = yielding.run(list(range(300)), lambda row: 1, run)
+    assert results == list(range(300))
+    assert min(walls) > 0.002  # every pass took longer than the bound on the wall clock
+    assert sizes[0] == 1 and max(sizes) >= 16, sizes  # about 50 rows' run fit the bound
+    assert yielding.stats.cut_passes > 0  # still cut: bounded, not full size
+
+
 def test_pulled_passes_each_thread_takes_its_own_slices_every_row_once_in_order(tmp_path):
     stream = LaneSignal("cpu", tmp_path)
     stream.claim()
@@ -193,7 +220,7 @@ def test_pulled_passes_each_thread_takes_its_own_slices_every_row_once_in_order(
         import threading
 
         threads.setdefault(threading.current_thread().name, []).append(len(part))
-        time.sleep(0.0002 * len(part))
+        run_for(0.0002 * len(part))
         return [row * 10 for row in part]
 
     rows = list(range(1000))
