@@ -58,7 +58,9 @@ class Plan:
     fractions: tuple[float, ...] = (0.25, 0.5, 0.75)
     seconds: float = 5.0
     warmup: float = 1.0
-    job_seconds: float = 10.0  # the job alone, no traffic
+    # The job alone, no traffic, and the same job with the mechanism off, in turns of job_seconds / repeats: a turn of
+    # 5 s held about 18 of the classifier's 16-image chunks, and a chunk more or less read as 5%.
+    job_seconds: float = 20.0
     # The long job's length at the model's rate alone (model.yaml bench.job.rows_per_s): long enough to run through
     # every point without a restart (a restart's start-up, seconds without rows, would read as the job starved).
     long_job_s: float = 300.0
@@ -348,10 +350,13 @@ def job_alone(job: JobLoop, seconds: float) -> float:
 
 
 def alternate_alone(jobs: dict[str, JobLoop], drained: dict[str, object], plan: Plan) -> dict[str, float]:
-    """Each job's rows/s with no traffic, the jobs taking turns (the others paused and drained), plan.repeats times."""
+    """Each job's rows/s with no traffic, the jobs taking turns (the others paused and drained), plan.repeats times;
+    every other round in the reverse order (A B, B A, ...), so that neither job always runs first after the set-up
+    or always follows the same one."""
     rates: dict[str, list[float]] = {name: [] for name in jobs}
-    for _ in range(plan.repeats):
-        for name, job in jobs.items():
+    for repeat in range(plan.repeats):
+        turns = list(jobs.items())
+        for name, job in reversed(turns) if repeat % 2 else turns:
             for other_name, other in jobs.items():
                 if other is not job:
                     other.pause()
