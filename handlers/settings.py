@@ -143,7 +143,8 @@ class HandlerSettings:
             priority=section.get("priority", cls.priority),
             yield_pass_ms=section.get("yield_pass_ms", cls.yield_pass_ms),
             yield_linger_ms=section.get("yield_linger_ms", cls.yield_linger_ms),
-            yield_between_operators=section.get("yield_between_operators", cls.yield_between_operators),
+            # null, as the other yield settings: the default (true).
+            yield_between_operators=_or_default(section.get("yield_between_operators"), cls.yield_between_operators),
             task_options={k: v for k, v in section.items() if k not in CORE_KEYS and k not in DEVICE_KEYS},
             device=DeviceSettings.from_section(section),
         )
@@ -229,6 +230,11 @@ class HandlerSettings:
     def timeout_for(self, lane: str) -> int | None:
         """Seconds a batch may run on `lane` before its worker ends itself, None to leave it to TorchServe."""
         return _for_lane(self.response_timeout_s, lane)
+
+
+def _or_default(value: Any, default: Any) -> Any:
+    """A setting given as null (or left out): its default."""
+    return default if value is None else value
 
 
 def _rows_per_pass(value: Any, lane: str | None) -> Any:

@@ -169,6 +169,7 @@ def test_a_stretch_between_operators_counts_what_the_thread_ran_not_its_waits():
         ("m.pt2", True, True, True),
         ("m.torchscript.pt", True, True, True),
         ("m.onnx", True, True, False),  # ONNX Runtime's operators are not torch's: passes are cut
+        ("m.aoti.pt2", True, True, False),  # nor AOTInductor's compiled kernels
         ("m.pt2", False, True, False),
         ("m.pt2", True, False, False),  # a GPU runs kernels asynchronously: passes are cut and waited
     ],
@@ -179,6 +180,13 @@ def test_the_lane_yields_between_operators_only_where_torch_runs_them_on_the_cpu
     )
     yielding = YieldingPasses.for_lane(LaneSignal("cpu", tmp_path), settings, 64, on_cpu)
     assert yielding.between_operators is expected
+
+
+def test_yield_between_operators_given_as_null_is_the_default_true():
+    settings = HandlerSettings.from_yaml(
+        {"handler": {"task": "digit_classification", "model_file": "m.pt2", "yield_between_operators": None}}
+    )
+    assert settings.yield_between_operators is True
 
 
 def test_an_unknown_yield_between_operators_value_is_refused():
