@@ -10,6 +10,7 @@ CPU after a stream lane wants it. Writes its section of docs/benchmarks.md and d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import shutil
@@ -682,8 +683,13 @@ def main(argv: list[str] | None = None) -> int:
     known = sorted(registry.models())
     parser.add_argument("--models", nargs="+", default=known, choices=known)
     parser.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md as it is")
+    parser.add_argument("--repeats", type=int, help=f"times alone and beside alternate at each load (default {Plan.repeats})")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
+    if args.repeats is not None:
+        if args.repeats < 1:
+            parser.error(f"--repeats must be at least 1, got {args.repeats}")
+        plan = dataclasses.replace(plan, repeats=args.repeats)
     workdir = ROOT / "build" / "bench" / "beside"
     workdir.mkdir(parents=True, exist_ok=True)
     results = [bench_model(model, plan, workdir) for model in args.models]
