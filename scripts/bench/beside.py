@@ -665,7 +665,7 @@ def section(results: list[ModelResult], hold_results: list[HoldResult], plan: Pl
     ]
     for hold in hold_results:
         cells = [
-            f"{percentile(h, 0.5):.3f} / {percentile(h, 0.99):.3f} / {max(h, default=float('nan')):.3f} ({len(h)})"
+            f"{percentile(h, 0.5):.3f} / {percentile(h, 0.99):.3f} / {max(h):.3f} ({len(h)})" if h else "none (0)"
             for h in (hold.bounded_ms, hold.after_full_ms)
         ]
         wake = ", ".join(f"{percentile(v, 0.99):.3f} / {max(v):.3f}" for v in hold.wake_ms.values())

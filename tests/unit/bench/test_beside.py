@@ -52,6 +52,8 @@ def test_the_section_has_a_row_per_load_every_verdict_and_the_hold_figures():
     assert "| digits p99 beside a bulk lane job / alone, c=1 | 1.10 | ≤ 1.2 | met |" in text
     assert "| digits job alone / the same with the mechanism off | 0.99 | ≥ 0.97 | met |" in text
     assert "| digits | 0.400 / 0.400 / 0.400 (2) | 3.000 / 3.000 / 3.000 (1) |" in text
+    none_at_a_full_pass = section([run(4.4, 450.0)], [HoldResult("digits", [0.2], [], wake)], QUICK, quick=True)
+    assert "| digits | 0.200 / 0.200 / 0.200 (1) | none (0) |" in none_at_a_full_pass
     checked = "Finished jobs checked (a short one per condition, to its end beside 4 connections): 2, every row exactly once."
     assert checked in text
 
