@@ -68,8 +68,9 @@ class Plan:
     probe_seconds: float = 4.0
     # Alone and beside alternate this many times at each load (the job paused, then resumed): a shared machine's
     # speed drifts by more than the targets' 10-20% over the minutes a model's points take, so each ratio compares
-    # runs seconds apart; each cell is the mean of its runs.
-    repeats: int = 2
+    # runs seconds apart; each cell is the mean of its runs. Three: with two, one run's outlier (a 22 ms p99 against
+    # 12) decided a target; the full section then takes about 40 minutes on a 2-core machine.
+    repeats: int = 3
 
     # A short job per condition run to its end beside 4 connections, its output checked: every row exactly once (the
     # long ones above are stopped when the points are done).
