@@ -56,7 +56,7 @@ thread_cpu_s = time.thread_time
 # the GIL (two pass threads of one worker take turns at it between operators) or that a stream thread preempted holds
 # none. Timed on the wall clock, those waits made bounded passes look long, and the rows a pass may hold shrank to
 # one: digits' bulk core (two pass threads, in process, the signal held up) ran 1,600-2,000 rows/s in 1 ms passes,
-# its full passes 22,000-24,000 (2026-12-07).
+# its full passes 21,700-23,700 (2026-12-07).
 pass_cpu_s = time.thread_time
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from scripts.server.process import FRONTEND_CLASS, PID_FILE, Server
 
@@ -21,7 +22,7 @@ def stand_in_frontend(seconds: float) -> subprocess.Popen:
     /proc cmdline is still the parent's)."""
     frontend = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})", FRONTEND_CLASS.decode()])
     deadline = time.monotonic() + 10
-    while FRONTEND_CLASS not in open(f"/proc/{frontend.pid}/cmdline", "rb").read():
+    while FRONTEND_CLASS not in Path(f"/proc/{frontend.pid}/cmdline").read_bytes():
         assert time.monotonic() < deadline, "the stand-in frontend did not start"
         time.sleep(0.01)
     return frontend
