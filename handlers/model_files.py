@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.export.passes import move_to_device_pass
 
+from handlers.op_yield import add_points
 from handlers.pickle_guard import refuse_pickles
 
 AOTI_SUFFIX = ".aoti.pt2"
@@ -61,6 +62,12 @@ def runs_torch_operators(path: Path) -> bool:
     """Whether the model's operators go through torch's dispatcher (torch.export and TorchScript do; AOTInductor's and
     ONNX Runtime's compiled graphs do not): autocast and the operators' yield points (handlers/op_yield.py) reach them."""
     return model_format(path) in ("export", "torchscript")
+
+
+def has_graph_points(path: Path) -> bool:
+    """Whether the loaded model carries yield points in its graph (a torch.export program: _flat_call), which a bulk
+    pass makes live at a thread-local's cost (handlers/op_yield.py GraphYield); else they come from a dispatch mode."""
+    return model_format(path) == "export"
 
 
 def runs_under_autocast(path: Path) -> bool:
@@ -104,9 +111,12 @@ def _flat_call(module: torch.fx.GraphModule) -> Callable[..., Any]:
     a guard call and forward hooks that check each input's shape against the exported constraints, about half of
     a one-row digits forward (docs/decisions.md, "Stream lanes"). Our decoders have already fixed the inputs' shapes
     and dtypes, so the same graph (same ops, same weights: identical outputs) runs without them. A wrong shape
-    still fails, in the first op that meets it."""
+    still fails, in the first op that meets it.
+    After each operator the graph calls handlers/op_yield.py's `point()`: a background lane's yield point, which does
+    nothing (reads a thread-local) unless the thread runs a bulk pass that asked for points."""
     graph = copy.deepcopy(module.graph)
     graph.set_codegen(torch.fx.graph.CodeGen())  # positional tensors in, a tuple of outputs back
+    add_points(graph)
     flat = torch.fx.GraphModule(module, graph)
     outputs = len(graph.output_node().args[0])
 

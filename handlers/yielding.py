@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from handlers.lane_signal import LaneSignal
-from handlers.model_files import runs_torch_operators
-from handlers.op_yield import OperatorYield
+from handlers.model_files import has_graph_points, runs_torch_operators
+from handlers.op_yield import GraphYield, OperatorYield
 
 CPU_PASS_S = 0.001
 DEVICE_PASS_S = 0.002
@@ -96,8 +96,11 @@ class YieldingPasses:
         pass_s = pass_s if pass_s is not None else default_pass_s(on_cpu)
         if not pass_s:
             return None
-        between = on_cpu and settings.yield_between_operators and runs_torch_operators(Path(settings.model_file))
-        return cls(signal, full_rows, on_cpu, pass_s, linger_s=settings.yield_linger_s(), between_operators=between)
+        model_file = Path(settings.model_file)
+        between = on_cpu and settings.yield_between_operators and runs_torch_operators(model_file)
+        in_graph = between and has_graph_points(model_file)
+        linger_s = settings.yield_linger_s()
+        return cls(signal, full_rows, on_cpu, pass_s, linger_s=linger_s, between_operators=between, points_in_graph=in_graph)
 
     def __init__(
         self,
@@ -108,6 +111,7 @@ class YieldingPasses:
         max_wait_s: float = MAX_WAIT_S,
         linger_s: float = 0.0,
         between_operators: bool = False,
+        points_in_graph: bool = False,
     ) -> None:
         self.signal = signal
         self.full_rows = full_rows  # rows of a full pass (of a round in run(): max_batch_rows x passes at once)
@@ -118,6 +122,8 @@ class YieldingPasses:
         # Yield points between the pass's operators too (handlers/op_yield.py), near stream traffic: while stream
         # lanes are busy a pass is sized by its longest operator, not its whole time.
         self.between_operators = between_operators
+        # Where those points are: in the model's graph (a torch.export program), else a dispatch mode's (op_yield.py).
+        self.points_in_graph = points_in_graph
         self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
         self._seen_rises: set[int] = set()
@@ -165,7 +171,7 @@ class YieldingPasses:
             part = order[part.start : part.stop]
             clock = pass_cpu_s if self.on_cpu else time.perf_counter  # a GPU's passes: the wall clock, kernels and all
             started = clock()
-            points = OperatorYield(self._yield_within_pass) if self._points_wanted(bounded) else None
+            points = self._points(self._yield_within_pass) if self._points_wanted(bounded) else None
             try:
                 with points if points is not None else contextlib.nullcontext():
                     outputs = run([rows[i] for i in part])
@@ -191,6 +197,9 @@ class YieldingPasses:
         while count < limit and (count + 0.5) * max(1, cost(rows[remaining[count]])) <= self.units:
             count += 1
         return count
+
+    def _points(self, yield_point: Callable[[], None]) -> GraphYield | OperatorYield:
+        return GraphYield(yield_point) if self.points_in_graph else OperatorYield(yield_point)
 
     def _points_wanted(self, bounded: bool) -> bool:
         """Yield points between operators for the next pass: while stream lanes are busy, and in a full pass while

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from handlers.lane_signal import LaneSignal
-from handlers.op_yield import OperatorYield
+from handlers.model_files import load_program
+from handlers.op_yield import GraphYield, OperatorYield
 from handlers.settings import HandlerSettings
 from handlers.yielding import YieldingPasses
 from tests.unit.handlers.cpu_work import run_for
@@ -58,6 +59,44 @@ def test_a_yield_point_between_every_operator_of_each_torch_form_and_the_same_an
         out = model(batch)
     assert len(calls) == mode.checks == len(operators)
     torch.testing.assert_close(out, expected)
+
+
+def exported_flat(tmp_path, model: torch.nn.Module, batch: torch.Tensor):
+    """`model` exported with a dynamic batch, saved and loaded as a bulk lane loads a .pt2 (its graph with points)."""
+    program = torch.export.export(model, (batch,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    path = tmp_path / "m.pt2"
+    torch.export.save(program, str(path))
+    operators = [node for node in program.graph.nodes if isinstance(node.target, torch._ops.OpOverload)]
+    return load_program(path, torch.device("cpu")), len(operators)
+
+
+def test_a_loaded_exported_graph_has_a_point_after_each_operator_live_only_in_a_graph_yield(tmp_path):
+    model, batch = small_model(), torch.randn(8, 16)
+    expected = model(batch)
+    flat, operators = exported_flat(tmp_path, model, batch)
+    assert operators >= 3  # two products and a relu at least
+    with torch.inference_mode():
+        torch.testing.assert_close(flat(batch), expected)  # outside a pass that asked for them: inert
+        calls = []
+        with GraphYield(lambda: calls.append(1), check_ns=0) as points:
+            out = flat(batch)
+            torch.testing.assert_close(out, expected)
+        assert len(calls) == points.checks == operators
+        flat(batch)  # the pass ended: inert again
+    assert len(calls) == operators
+
+
+def test_graph_points_are_live_only_on_the_thread_whose_pass_asked_for_them(tmp_path):
+    """A bulk worker's other pass thread, or a stream lane's batch in the same process, passes them without a check."""
+    model, batch = small_model(), torch.randn(4, 16)
+    flat, _ = exported_flat(tmp_path, model, batch)
+    calls, other = [], []
+    with torch.inference_mode(), GraphYield(lambda: calls.append(1), check_ns=0):
+        side = threading.Thread(target=lambda: other.append(flat(batch)))
+        side.start()
+        side.join()
+    assert calls == [] and len(other) == 1
+    torch.testing.assert_close(other[0], model(batch))
 
 
 def test_the_signal_is_read_at_most_every_check_ns():
@@ -180,6 +219,8 @@ def test_the_lane_yields_between_operators_only_where_torch_runs_them_on_the_cpu
     )
     yielding = YieldingPasses.for_lane(LaneSignal("cpu", tmp_path), settings, 64, on_cpu)
     assert yielding.between_operators is expected
+    # A torch.export program's points are in its graph (load_program puts them there); TorchScript's, a dispatch mode's.
+    assert yielding.points_in_graph is (expected and model_file == "m.pt2")
 
 
 def test_yield_between_operators_given_as_null_is_the_default_true():
