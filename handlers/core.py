@@ -17,6 +17,7 @@ from handlers import cuda_graphs
 from handlers.decoding import Payload
 from handlers.errors import RequestError, SettingsError, is_out_of_memory, out_of_resources
 from handlers.model_files import compiled_precision, runs_under_autocast
+from handlers.op_yield import point
 from handlers.settings import HandlerSettings
 from handlers.tasks import build_task
 from handlers.tasks.base import Task
@@ -346,6 +347,7 @@ class InferenceCore:
         # other rows, and a halved step really halves the memory.
         started = time.perf_counter()
         batch = self.task.collate(rows, pad_to if self.settings.deterministic else None)
+        point()  # a bulk pass's yield point (handlers/op_yield.py) after the collate's operators, as after the model's
         collated = time.perf_counter()
         outputs = self.graphs.replay(batch) if self.graphs is not None else None  # None: no bucket holds it
         if outputs is None:
@@ -354,6 +356,7 @@ class InferenceCore:
                 outputs = self.task.forward(self.model, batch)
         outputs = outputs[: len(rows)].float().cpu()  # waits for the device: the forward time is real
         computed = time.perf_counter()
+        point()
         results = self.task.unbatch(outputs, rows)
         stages.collate += collated - started
         stages.forward += computed - collated

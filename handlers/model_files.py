@@ -112,8 +112,8 @@ def _flat_call(module: torch.fx.GraphModule) -> Callable[..., Any]:
     a one-row digits forward (docs/decisions.md, "Stream lanes"). Our decoders have already fixed the inputs' shapes
     and dtypes, so the same graph (same ops, same weights: identical outputs) runs without them. A wrong shape
     still fails, in the first op that meets it.
-    After each operator the graph calls handlers/op_yield.py's `point()`: a background lane's yield point, which does
-    nothing (reads a thread-local) unless the thread runs a bulk pass that asked for points."""
+    After each operator the graph calls handlers/op_yield.py's `point()`: a background lane's yield point, which reads
+    a module global and returns unless a bulk pass of this process asked for points (then a thread-local too)."""
     graph = copy.deepcopy(module.graph)
     graph.set_codegen(torch.fx.graph.CodeGen())  # positional tensors in, a tuple of outputs back
     add_points(graph)

@@ -48,7 +48,8 @@ def point() -> None:
 
 
 def add_points(graph: torch.fx.Graph) -> int:
-    """A `point()` call after each torch operator of `graph`, in place; returns how many."""
+    """A `point()` call after each torch operator of `graph`, in place; returns how many. A higher-order operator's
+    subgraph (torch.cond, an autocast region) gets none inside: it counts as one stretch (none of ours has one)."""
     added = 0
     for node in list(graph.nodes):
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
@@ -96,17 +97,17 @@ class GraphYield(_Stretches):
     """The points of an exported graph (add_points), made live on this thread around one pass."""
 
     def __init__(
-        self, yield_point: Callable[[], object], check_ns: int = CHECK_NS, run_ns: Callable[[], int] = time.thread_time_ns
+        self, yield_point: Callable[[], object], check_ns: int | None = None, run_ns: Callable[[], int] = time.thread_time_ns
     ) -> None:
-        super().__init__(yield_point, check_ns, run_ns)
+        super().__init__(yield_point, CHECK_NS if check_ns is None else check_ns, run_ns)
 
     def __enter__(self) -> GraphYield:
         global _live
         self._start()
-        self._outer = getattr(_active, "points", None)
-        _active.points = self
         with _live_lock:
             _live += 1
+        self._outer = getattr(_active, "points", None)
+        _active.points = self
         return self
 
     def __exit__(self, *exc) -> None:
@@ -121,10 +122,10 @@ class OperatorYield(_Stretches, TorchDispatchMode):
     dispatch mode entered around one pass."""
 
     def __init__(
-        self, yield_point: Callable[[], object], check_ns: int = CHECK_NS, run_ns: Callable[[], int] = time.thread_time_ns
+        self, yield_point: Callable[[], object], check_ns: int | None = None, run_ns: Callable[[], int] = time.thread_time_ns
     ) -> None:
         TorchDispatchMode.__init__(self)
-        _Stretches.__init__(self, yield_point, check_ns, run_ns)
+        _Stretches.__init__(self, yield_point, CHECK_NS if check_ns is None else check_ns, run_ns)
 
     def __enter__(self):
         self._start()

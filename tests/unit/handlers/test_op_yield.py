@@ -1,15 +1,18 @@
-"""Yield points between a background pass's operators (handlers/op_yield.py): every aten operator a torch model runs
-passes one, the lane yields there while a stream lane is busy, and its passes keep their full size."""
+"""Yield points between a background pass's operators (handlers/op_yield.py): after each operator of an exported graph
+(points in the graph) or before every aten operator a torch model runs (a dispatch mode), the lane yields there while a
+stream lane is busy, and its passes keep their full size."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
+from handlers import op_yield
 from handlers.lane_signal import LaneSignal
 from handlers.model_files import load_program
 from handlers.op_yield import GraphYield, OperatorYield
@@ -97,6 +100,51 @@ def test_graph_points_are_live_only_on_the_thread_whose_pass_asked_for_them(tmp_
         side.join()
     assert calls == [] and len(other) == 1
     torch.testing.assert_close(other[0], model(batch))
+
+
+def test_a_lane_with_graph_points_yields_between_an_exported_models_operators_on_its_pass_threads(tmp_path, monkeypatch):
+    """The wiring: YieldingPasses.for_lane picks the graph's points for a .pt2, and the passes its pool threads run
+    reach them (a rise held up is seen and yielded to between operators, its hold counted once); no dispatch mode."""
+    monkeypatch.setattr("handlers.op_yield.CHECK_NS", 0)
+    monkeypatch.setattr("handlers.op_yield.OperatorYield.__enter__", lambda self: pytest.fail("dispatch mode entered"))
+    yields = []
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
+    model, batch = small_model(), torch.randn(32, 16)
+    flat, operators = exported_flat(tmp_path, model, batch)
+    settings = HandlerSettings.from_yaml({"handler": {"task": "digit_classification", "model_file": "m.pt2"}})
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses.for_lane(LaneSignal("cpu", tmp_path), settings, 8, on_cpu=True)
+    assert yielding.points_in_graph
+    reached = []
+    inner = yielding._yield_within_pass
+    monkeypatch.setattr(yielding, "_yield_within_pass", lambda: (reached.append(threading.get_ident()), inner()))
+
+    def run(part):
+        with torch.inference_mode():
+            return list(flat(torch.stack(part)))
+
+    with stream.raised(), ThreadPoolExecutor(2) as pool:
+        results = yielding.run_pulled(list(batch), lambda row: 1, run, pool, 2, 8)
+    torch.testing.assert_close(torch.stack(results), model(batch))
+    assert len(reached) >= operators  # every pass reached its points
+    assert threading.get_ident() not in reached  # on the pool's threads, where the passes ran
+    stats = yielding.stats
+    assert yields and len(stats.holds_s) + len(stats.holds_after_full_s) == 1  # one rise, yielded to, counted once
+    assert op_yield._live == 0
+
+
+def test_a_pass_that_fails_inside_its_graph_points_leaves_none_live(tmp_path):
+    model, batch = small_model(), torch.randn(4, 16)
+    flat, _ = exported_flat(tmp_path, model, batch)
+    calls = []
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"), torch.inference_mode():
+        with GraphYield(lambda: calls.append(1), check_ns=0):
+            flat(torch.randn(4, 15))  # a wrong width fails in the first product
+    assert op_yield._live == 0 and getattr(op_yield._active, "points", None) is None
+    with torch.inference_mode():
+        flat(batch)
+    assert calls == []  # the points it left are inert
 
 
 def test_the_signal_is_read_at_most_every_check_ns():
