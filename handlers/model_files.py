@@ -66,7 +66,7 @@ def runs_torch_operators(path: Path) -> bool:
 
 def has_graph_points(path: Path) -> bool:
     """Whether the loaded model carries yield points in its graph (a torch.export program: _flat_call), which a bulk
-    pass makes live at a thread-local's cost (handlers/op_yield.py GraphYield); else they come from a dispatch mode."""
+    pass makes live (handlers/op_yield.py GraphYield); else they come from a dispatch mode."""
     return model_format(path) == "export"
 
 

@@ -47,16 +47,13 @@ def point() -> None:
             points.check()
 
 
-def add_points(graph: torch.fx.Graph) -> int:
-    """A `point()` call after each torch operator of `graph`, in place; returns how many. A higher-order operator's
-    subgraph (torch.cond, an autocast region) gets none inside: it counts as one stretch (none of ours has one)."""
-    added = 0
+def add_points(graph: torch.fx.Graph) -> None:
+    """A `point()` call after each torch operator of `graph`, in place. A higher-order operator's subgraph
+    (torch.cond, an autocast region) gets none inside: it counts as one stretch (none of ours has one)."""
     for node in list(graph.nodes):
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             with graph.inserting_after(node):
                 graph.call_function(point, ())
-            added += 1
-    return added
 
 
 class _Stretches:
@@ -66,9 +63,11 @@ class _Stretches:
     stream lanes are busy (handlers/yielding.py). The checks' spacing is on the wall clock, which costs a fifth of
     reading the thread's (0.18 against 0.9 us here), read at checks only."""
 
-    def __init__(self, yield_point: Callable[[], object], check_ns: int, run_ns: Callable[[], int]) -> None:
+    def __init__(
+        self, yield_point: Callable[[], object], check_ns: int | None = None, run_ns: Callable[[], int] = time.thread_time_ns
+    ) -> None:
         self.yield_point = yield_point
-        self.check_ns = check_ns
+        self.check_ns = CHECK_NS if check_ns is None else check_ns  # read when made: tests may set it
         self.checks = 0
         self._run_ns = run_ns
         self._start()
@@ -96,11 +95,6 @@ class _Stretches:
 class GraphYield(_Stretches):
     """The points of an exported graph (add_points), made live on this thread around one pass."""
 
-    def __init__(
-        self, yield_point: Callable[[], object], check_ns: int | None = None, run_ns: Callable[[], int] = time.thread_time_ns
-    ) -> None:
-        super().__init__(yield_point, CHECK_NS if check_ns is None else check_ns, run_ns)
-
     def __enter__(self) -> GraphYield:
         global _live
         self._start()
@@ -125,7 +119,7 @@ class OperatorYield(_Stretches, TorchDispatchMode):
         self, yield_point: Callable[[], object], check_ns: int | None = None, run_ns: Callable[[], int] = time.thread_time_ns
     ) -> None:
         TorchDispatchMode.__init__(self)
-        _Stretches.__init__(self, yield_point, CHECK_NS if check_ns is None else check_ns, run_ns)
+        _Stretches.__init__(self, yield_point, check_ns, run_ns)
 
     def __enter__(self):
         self._start()
