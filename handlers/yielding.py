@@ -5,9 +5,10 @@ a GPU. While the stream lanes' signal is raised (handlers/lane_signal.py), and f
 the bulk core cuts its rows into passes expected to take at most `pass_s` (learned from the bounded passes so far,
 timed on the CPU in what the pass thread ran: see pass_cpu_s) and yields between them: on the CPU it gives its core
 to a waiting thread (sched_yield; back at once if none waits, so no core is left idle), at most once per pass_s of
-the yielding thread's own CPU time (a yield costs the yielder the rest of its time slice: see _ran_since_yield); on
-a GPU it waits until the signal drops, at most `max_wait_s` a time, so a saturated stream lane slows a job but never
-starves it (one bounded pass every max_wait_s at least). With no stream batch within the linger, a pass is full size.
+the yielding thread's own CPU time, half that for a stream batch it has not yielded to yet (a yield costs the yielder
+the rest of its time slice: see _ran_since_yield); on a GPU it waits until the signal drops, at most `max_wait_s` a
+time, so a saturated stream lane slows a job but never starves it (one bounded pass every max_wait_s at least). With
+no stream batch within the linger, a pass is full size.
 
 On the CPU with several pass threads (`run_pulled`), each thread takes its next slice of rows itself, checks the
 signal and yields on its own: no thread waits for another's pass at a barrier, which a stream thread that preempts
@@ -47,6 +48,14 @@ WAIT_STEP_S = 0.0002
 # fixed cost (a digits pass of 1 row takes 0.2 ms, of 16 rows 0.9 ms, on one thread), which a cost per unit would
 # charge to every row and so keep the passes at one row.
 LEARNING = 0.3
+# A pass thread yields to a stream batch that started since its last yield once it has run this share of pass_s since
+# then; while the same batches run, once per pass_s. So a hold ends within half of pass_s of the thread's run and the
+# stretch it is in, not a whole pass_s: digits' holds, timed as YieldStats says, p99 1.47-1.73 ms against 1.96-2.03
+# spaced by pass_s, with no cost to the job's rate that the bench could tell apart (2026-12-07, in process and
+# scripts.bench.bulk_variants). Halving the spacing of every yield (and the passes) instead ran bounded passes at about
+# half their rate (docs/priority.md, "Slowed, never failed": a yield costs the yielder its slice); a signal held up by
+# the same batches brings no new ones, so this spacing costs those passes nothing.
+FRESH_SPACING = 0.5
 # A full pass gets yield points between its operators when a stream batch ended within this long (handlers/op_yield.py).
 TRAFFIC_NS = 1_000_000_000
 # A thread's CPU time (time actually run), read to space its yields on the CPU; a name of its own so tests can set it.
@@ -58,14 +67,19 @@ thread_cpu_s = time.thread_time
 # one: digits' bulk core (two pass threads, in process, the signal held up) ran 1,600-2,000 rows/s in 1 ms passes,
 # its full passes 21,700-23,700 (2026-12-07).
 pass_cpu_s = time.thread_time
+# The clock a hold is timed with on the CPU: the pass thread's run time again (a thread the stream lanes or its
+# sibling's GIL keep waiting holds no core), a name of its own so tests that tick the spacing's clock leave it alone.
+hold_cpu_s = time.thread_time
 
 
 @dataclass
 class YieldStats:
     """What the yielding cost and bounded, since the last `take()`: seconds spent yielding, passes cut short,
-    and each observed hold (seconds from a signal's rise to this lane's next yield point), kept apart by what bounded
-    it: a bounded pass or one operator (the signal was already up, or the pass had yield points between operators),
-    or a whole full-size pass (it rose while the lane ran alone, without points)."""
+    and each observed hold: for each rise of the signal and each pass thread, how long the thread kept its core from
+    the rise to its next yield point. On the CPU that is the thread's run time (an upper bound: counted from its last
+    read of the signal before the rise); on a GPU the wall clock. Kept apart by what bounded it: a bounded pass or one
+    operator (the signal was already up, or the pass had yield points between operators), or a whole full-size pass
+    (it rose while the lane ran alone, without points)."""
 
     yielded_s: float = 0.0
     cut_passes: int = 0
@@ -126,8 +140,10 @@ class YieldingPasses:
         self.points_in_graph = points_in_graph
         self.units: float | None = None  # padded units (rows x the longest row's cost) a bounded pass may hold
         self.stats = YieldStats()
-        self._seen_rises: set[int] = set()
-        self._thread = threading.local()  # per pass thread: its CPU time at its last yield
+        # Per pass thread: its CPU time at its last yield (yielded_cpu_s); the rises it has yielded to (seen); its run
+        # time at its last read of the signal (read_ran_s) and, for each raised slot, at the read before the thread
+        # first saw it raised (first_ran_s): where the thread's hold of its core after that rise starts at the latest.
+        self._thread = threading.local()
         self._lock = threading.Lock()  # the stats and what was learned, shared by run_pulled's threads
 
     def run(self, rows: Sequence[Any], cost: Callable[[Any], int], run: Callable[[list[Any]], list[Any]]) -> list[Any]:
@@ -212,29 +228,48 @@ class YieldingPasses:
         return bounded or self.signal.dropped_within(TRAFFIC_NS) or bool(self.signal.rises())
 
     def _yield_within_pass(self) -> None:
-        """A yield point between two operators: yields once for each stream batch that started since this lane last
+        """A yield point between two operators: yields once for each stream batch that started since this thread last
         yielded, not again while the same batches run. Once the core is given to a rise, yielding at every operator
         after it gives nothing to that batch and starves the job: a SCHED_IDLE thread that calls sched_yield every
         0.1 ms beside saturated stream lanes ran minilm's 32-row soak job past its 600 s response timeout (CI's make
-        soak of 2026-12-06). Between passes and here alike, a thread on the CPU yields at most once per pass_s it ran.
-        A hold it sees is bounded by the operator before it, so it counts with those seen after a bounded pass
-        (YieldStats.holds_s), whatever the pass's size."""
-        if any(rose not in self._seen_rises for rose in self.signal.rises()):
-            self._yield_if_busy(True)
+        soak of 2026-12-06). Between passes and here alike, a thread on the CPU yields at most once per pass_s it ran,
+        or half of it for a batch it has not yielded to (FRESH_SPACING). Each pass thread yields to a batch once: each
+        holds a core of its own. A hold it sees is bounded by the operator before it, so it counts with those seen
+        after a bounded pass (YieldStats.holds_s), whatever the pass's size."""
+        rises = self._rises(True)
+        seen = getattr(self._thread, "seen", ())
+        if any(rose not in seen for rose in rises):
+            self._yield_if_busy(True, rises)
 
-    def _yield_if_busy(self, last_bounded: bool) -> bool:
-        """Whether the next pass is bounded: a stream batch running, or one ended within the linger. Yields if so."""
+    def _rises(self, last_bounded: bool) -> list[int]:
+        """The raised slots' rise clocks. On the CPU notes, for this thread, its run time at the read before it first
+        saw each (0, its whole run, at its first read), and counts the hold of each batch that ended before the
+        thread yielded to it: the thread kept its core through that batch (up to this read)."""
+        if not self.on_cpu:
+            return self.signal.rises()
+        ran = hold_cpu_s()  # before the signal: a batch that starts between the two reads is still counted from here
         rises = self.signal.rises()
+        mine = self._thread
+        before = getattr(mine, "read_ran_s", 0.0)
+        first = getattr(mine, "first_ran_s", {})
+        seen = getattr(mine, "seen", ())
+        ended = [rose for rose in first if rose not in seen and rose not in rises]
+        if ended:
+            self._count(last_bounded, self._held(ended, first, ran))
+        mine.first_ran_s = {rose: first.get(rose, before) for rose in rises}
+        mine.read_ran_s = ran
+        return rises
+
+    def _yield_if_busy(self, last_bounded: bool, rises: list[int] | None = None) -> bool:
+        """Whether the next pass is bounded: a stream batch running, or one ended within the linger. Yields if so."""
+        rises = self._rises(last_bounded) if rises is None else rises
         if not rises and not (self.linger_ns and self.signal.dropped_within(self.linger_ns)):
             return False
-        if self.on_cpu and not self._ran_since_yield():
-            return True  # bounded, but this thread yields once it has run pass_s since its last yield
+        fresh = any(rose not in getattr(self._thread, "seen", ()) for rose in rises)
+        if self.on_cpu and not self._ran_since_yield(self.pass_s * (FRESH_SPACING if fresh else 1.0)):
+            return True  # bounded, but this thread yields once it has run long enough since its last yield
         if rises:
-            now = time.monotonic_ns()
-            with self._lock:
-                holds = self.stats.holds_s if last_bounded else self.stats.holds_after_full_s
-                holds.extend((now - rose) / 1e9 for rose in rises if rose not in self._seen_rises)
-                self._seen_rises = set(rises)  # only the raised ones: a slot's next rise has a later clock
+            self._count_holds(rises, last_bounded)
         started = time.perf_counter()
         if self.on_cpu:
             os.sched_yield()
@@ -246,17 +281,42 @@ class YieldingPasses:
             self.stats.yielded_s += time.perf_counter() - started
         return True
 
-    def _ran_since_yield(self) -> bool:
-        """Whether this thread has run (CPU time) at least pass_s since its last yield on the CPU; notes the yield if
-        so. A yield gives up the rest of the thread's time slice, and under EEVDF (Linux 6.6 and later) moves its
+    def _count_holds(self, rises: list[int], last_bounded: bool) -> None:
+        """Each rise this thread has not yielded to yet: how long it kept its core since (YieldStats)."""
+        mine = self._thread
+        seen = getattr(mine, "seen", ())
+        fresh = [rose for rose in rises if rose not in seen]
+        if self.on_cpu:
+            held = self._held(fresh, getattr(mine, "first_ran_s", {}), hold_cpu_s())
+        else:
+            now = time.monotonic_ns()
+            held = [(now - rose) / 1e9 for rose in fresh]
+        mine.seen = set(rises)  # only the raised ones: a slot's next rise has a later clock
+        self._count(last_bounded, held)
+
+    @staticmethod
+    def _held(rises: list[int], first_ran_s: dict[int, float], ran: float) -> list[float]:
+        """Seconds this thread ran since each rise, at most: since its read before the rise (0 if none), and never more
+        than the wall clock since the rise."""
+        now = time.monotonic_ns()
+        return [min((now - rose) / 1e9, ran - first_ran_s.get(rose, 0.0)) for rose in rises]
+
+    def _count(self, last_bounded: bool, held: list[float]) -> None:
+        with self._lock:
+            (self.stats.holds_s if last_bounded else self.stats.holds_after_full_s).extend(held)
+
+    def _ran_since_yield(self, spacing_s: float) -> bool:
+        """Whether this thread has run (CPU time) at least `spacing_s` since its last yield on the CPU; notes the yield
+        if so. A yield gives up the rest of the thread's time slice, and under EEVDF (Linux 6.6 and later) moves its
         deadline a whole slice on, which for a SCHED_IDLE thread's weight is about 340 slices of a normal thread's:
         yielding after every 0.1 ms run, beside busy stream lanes, ran a process at idle priority at about half the
         rate it got not yielding (beside three normal-priority spinners on 2 cores, 2026-12-07), and a minilm bulk
         chunk past its lane's timeout in CI's soak. Spaced by what the thread ran, not by the wall clock, a thread
-        the stream lanes keep waiting still runs pass_s between yields, and a hold stays within pass_s of its run."""
+        the stream lanes keep waiting still runs between yields, and a hold stays within the spacing of its run and
+        the stretch it is in."""
         now = thread_cpu_s()
         last = getattr(self._thread, "yielded_cpu_s", None)
-        if last is not None and now - last < self.pass_s:
+        if last is not None and now - last < spacing_s:
             return False
         self._thread.yielded_cpu_s = now
         return True

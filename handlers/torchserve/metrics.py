@@ -172,7 +172,8 @@ class HandlerMetrics:
             )
 
     def yielded(self, seconds: float, holds_s: Sequence[float]) -> None:
-        """A background lane's batch: the seconds it yielded and each hold it saw (a stream signal's rise to its yield)."""
+        """A background lane's batch: the seconds it yielded and each hold its pass threads saw (handlers/yielding.py
+        YieldStats: what a thread ran from a stream signal's rise to its yield)."""
         if self.handles:
             lines: list[str] = []
             self._emit(lines, YIELDED, seconds)

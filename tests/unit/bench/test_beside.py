@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from scripts.bench import beside
-from scripts.bench.beside import CONDITIONS, QUICK, HoldResult, JobLoop, ModelResult, Plan, Point, loads, section, targets
+from scripts.bench.beside import (
+    CONDITIONS,
+    QUICK,
+    HoldResult,
+    JobLoop,
+    ModelResult,
+    Plan,
+    Point,
+    holds_section,
+    loads,
+    main,
+    section,
+    targets,
+)
+from scripts.bench.report import replace_section
 
 
 def run(beside_p99: float, job_beside: float) -> ModelResult:
@@ -43,19 +60,34 @@ def test_the_job_is_held_to_what_the_traffic_left_and_its_cost_to_the_rate_with_
     assert short["digits job beside 75% / (its rate alone x (1 - 0.50))"] == (0.8, False)
 
 
-def test_the_section_has_a_row_per_load_every_verdict_and_the_hold_figures():
-    wake = {"nothing beside": [0.1], "bulk core at normal": [2.0], "bulk core at idle": [0.2]}
-    holds = HoldResult("digits", [0.2, 0.4], [3.0], wake)
-    text = section([run(beside_p99=4.4, job_beside=450.0)], [holds], QUICK, quick=True)
+def test_the_section_has_a_row_per_load_every_verdict_and_the_hold_figures_a_region_of_their_own():
+    text = section([run(beside_p99=4.4, job_beside=450.0)], QUICK, quick=True)
     assert text.startswith("## Live traffic beside a batch job")
     assert text.count("| c=") == 3 and "| 50% |" in text
     assert "| digits p99 beside a bulk lane job / alone, c=1 | 1.10 | ≤ 1.2 | met |" in text
     assert "| digits job alone / the same with the mechanism off | 0.99 | ≥ 0.97 | met |" in text
-    assert "| digits | 0.400 / 0.400 / 0.400 (2) | 3.000 / 3.000 / 3.000 (1) |" in text
-    none_at_a_full_pass = section([run(4.4, 450.0)], [HoldResult("digits", [0.2], [], wake)], QUICK, quick=True)
-    assert "| digits | 0.200 / 0.200 / 0.200 (1) | none (0) |" in none_at_a_full_pass
     checked = "Finished jobs checked (a short one per condition, to its end beside 4 connections): 2, every row exactly once."
     assert checked in text
+    assert "How long a bulk lane keeps the CPU" not in text  # its own region: --holds-only reruns it alone
+    wake = {"nothing beside": [0.1], "bulk core at normal": [2.0], "bulk core at idle": [0.2]}
+    held = holds_section([HoldResult("digits", [0.2, 0.4], [3.0], wake), HoldResult("minilm", [0.5, 1.2], [], wake)])
+    assert held.startswith("### How long a bulk lane keeps the CPU")
+    assert "| digits | 0.400 / 0.400 / 0.400 (2) | met | 3.000 / 3.000 / 3.000 (1) |" in held
+    assert "| minilm | 1.200 / 1.200 / 1.200 (2) | missed | none (0) |" in held  # the longest near traffic, over 1 ms
+
+
+def test_holds_only_rewrites_the_holds_region_and_leaves_the_rest_of_the_report(tmp_path, monkeypatch):
+    report = tmp_path / "benchmarks.md"
+    report.write_text("# Benchmarks\n\n<!-- bench:beside: begin -->\nthe section\n<!-- bench:beside: end -->\n\nhand text\n")
+    monkeypatch.setattr("scripts.bench.beside.replace_section", partial(replace_section, report=report))
+    wake = {"nothing beside": [0.1], "bulk core at normal": [2.0], "bulk core at idle": [0.2]}
+    monkeypatch.setattr("scripts.bench.beside.holds", lambda model, plan: HoldResult(model, [0.3], [], wake))
+    monkeypatch.setattr("scripts.bench.beside.bench_model", lambda *args: pytest.fail("no stream lane runs"))
+    assert main(["--holds-only", "--models", "digits"]) == 0
+    written = report.read_text()
+    assert "<!-- bench:beside: begin -->\nthe section\n<!-- bench:beside: end -->" in written
+    assert written.index("bench:beside: end") < written.index("bench:beside-holds: begin") < written.index("hand text")
+    assert "| digits | 0.300 / 0.300 / 0.300 (1) | met | none (0) |" in written
 
 
 def test_a_cell_is_the_mean_of_its_runs_and_beside_is_held_to_the_alone_runs_between_its_own():

@@ -17,7 +17,7 @@ from handlers.lane_signal import LaneSignal
 from handlers.model_files import load_program
 from handlers.op_yield import GraphYield, OperatorYield
 from handlers.settings import HandlerSettings
-from handlers.yielding import YieldingPasses
+from handlers.yielding import FRESH_SPACING, YieldingPasses
 from tests.unit.handlers.cpu_work import run_for
 
 
@@ -104,7 +104,8 @@ def test_graph_points_are_live_only_on_the_thread_whose_pass_asked_for_them(tmp_
 
 def test_a_lane_with_graph_points_yields_between_an_exported_models_operators_on_its_pass_threads(tmp_path, monkeypatch):
     """The wiring: YieldingPasses.for_lane picks the graph's points for a .pt2, and the passes its pool threads run
-    reach them (a rise held up is seen and yielded to between operators, its hold counted once); no dispatch mode."""
+    reach them (a rise held up is seen and yielded to between operators, its hold counted once a thread); no dispatch
+    mode."""
     monkeypatch.setattr("handlers.op_yield.CHECK_NS", 0)
     monkeypatch.setattr("handlers.op_yield.OperatorYield.__enter__", lambda self: pytest.fail("dispatch mode entered"))
     yields = []
@@ -130,7 +131,8 @@ def test_a_lane_with_graph_points_yields_between_an_exported_models_operators_on
     assert len(reached) >= operators  # every pass reached its points
     assert threading.get_ident() not in reached  # on the pool's threads, where the passes ran
     stats = yielding.stats
-    assert yields and len(stats.holds_s) + len(stats.holds_after_full_s) == 1  # one rise, yielded to, counted once
+    holds = len(stats.holds_s) + len(stats.holds_after_full_s)
+    assert yields and 1 <= holds <= 2  # one rise, yielded to, counted once by each of the 2 pass threads at most
     assert op_yield._live == 0
 
 
@@ -313,29 +315,39 @@ def test_between_operators_the_lane_yields_once_for_each_stream_batch_not_at_eve
 
 def test_on_the_cpu_a_thread_yields_at_most_once_for_each_pass_s_it_has_run(tmp_path, monkeypatch):
     """A yield gives up the thread's time slice (under EEVDF its deadline moves a slice on), so a thread that the
-    stream lanes keep waiting must still run pass_s between yields: yield points reached sooner are passed, the
-    batch's rise stays unseen and is yielded to (and its hold counted) once the thread has run pass_s."""
+    stream lanes keep waiting must still run between yields: pass_s between passes while the same batches run, half
+    of it (FRESH_SPACING) for a batch that started since its last yield. Yield points reached sooner are passed, the
+    batch's rise stays unseen and is yielded to (and its hold counted) once the thread has run that long."""
     yields = []
     monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
     cpu = [5.0]  # seconds, in steps a float holds exactly
     monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: cpu[0])
     stream = LaneSignal("cpu", tmp_path)
     stream.claim()
-    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.5, between_operators=True)
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=1.0, between_operators=True)
+    fresh = FRESH_SPACING * 1.0  # what a thread runs before it yields to a batch it has not yielded to
+    assert 0 < fresh < 1.0
     with stream.raised():
         assert yielding._yield_if_busy(False) is True
         assert len(yields) == 1
     time.sleep(0.001)
-    with stream.raised():  # a new batch while the thread has run half its pass_s since its yield: bounded, no yield yet
-        cpu[0] += 0.25
+    with stream.raised():  # a new batch while the thread has run half that since its yield: no yield yet
+        cpu[0] += fresh / 2
         assert yielding._yield_if_busy(True) is True
         yielding._yield_within_pass()
         assert len(yields) == 1
         assert len(yielding.stats.holds_s) == 0
-        cpu[0] += 0.25  # pass_s run since the last yield
+        cpu[0] += fresh / 2  # enough for a new batch
         yielding._yield_within_pass()
         assert len(yields) == 2
         assert len(yielding.stats.holds_s) == 1
+        cpu[0] += fresh  # the same batch still running: between passes the thread yields after a whole pass_s
+        assert yielding._yield_if_busy(True) is True
+        assert len(yields) == 2
+        cpu[0] += 1.0 - fresh
+        assert yielding._yield_if_busy(True) is True
+        assert len(yields) == 3
+        assert len(yielding.stats.holds_s) == 1  # that batch's hold was counted at its first yield
     # Not on the CPU (a GPU lane waits for the signal instead): no spacing by the thread's CPU time.
     device = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=False, pass_s=0.002, max_wait_s=0.0)
     for _ in range(2):
@@ -343,4 +355,75 @@ def test_on_the_cpu_a_thread_yields_at_most_once_for_each_pass_s_it_has_run(tmp_
         with stream.raised():
             assert device._yield_if_busy(True) is True
     assert len(device.stats.holds_s) == 2  # the CPU clock did not move between them
-    assert len(yields) == 2
+    assert len(yields) == 3
+
+
+def test_a_hold_on_the_cpu_is_what_the_thread_ran_after_the_rise_at_most_the_wall_clock_since_it(tmp_path, monkeypatch):
+    """How long a pass thread kept its core after a stream batch started: its run time from its last read of the
+    signal before the rise (an upper bound) to its yield, and never more than the wall clock since the rise. A thread
+    the stream threads or its sibling's GIL kept waiting held no core meanwhile: its hold is what it ran."""
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: None)
+    ran = [100.0]
+    monkeypatch.setattr("handlers.yielding.hold_cpu_s", lambda: ran[0])
+    monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: ran[0])  # the spacing: the same run, read apart
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+    yielding._yield_within_pass()  # a read with nothing raised, at run time 100 s
+    with stream.raised():
+        time.sleep(0.05)  # 50 ms on the wall clock, of which the thread ran 0.25 ms
+        ran[0] += 0.00025
+        yielding._yield_within_pass()
+    assert yielding.stats.holds_s == [pytest.approx(0.00025)]
+    yielding.stats.take()
+    ran[0] += 30.0  # a long stretch without a read: the bound from the last read is loose ...
+    with stream.raised():
+        yielding._yield_within_pass()
+    assert len(yielding.stats.holds_s) == 1 and 0 <= yielding.stats.holds_s[0] < 1.0  # ... the wall clock bounds it
+
+
+def test_each_pass_thread_yields_to_a_batch_and_counts_its_hold_once(tmp_path, monkeypatch):
+    """Each pass thread holds a core of its own, so each yields to a stream batch, once, and counts its own hold."""
+    yields = []
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(threading.get_ident()))
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=0.001, between_operators=True)
+    with stream.raised(), ThreadPoolExecutor(2) as pool:
+        both = threading.Barrier(2)
+
+        def operators() -> int:
+            both.wait()  # two threads, not one pool thread twice
+            for _ in range(3):
+                yielding._yield_within_pass()
+            return threading.get_ident()
+
+        threads = {future.result() for future in [pool.submit(operators) for _ in range(2)]}
+    assert len(threads) == 2 and sorted(yields) == sorted(threads)  # one yield each, not one for the lane
+    assert len(yielding.stats.holds_s) == 2
+
+
+def test_a_batch_that_ends_before_the_thread_yields_to_it_still_counts_its_hold(tmp_path, monkeypatch):
+    """A thread still inside its spacing (or a long operator) when a short stream batch ends kept its core through
+    the batch: its hold is counted when the thread next reads the signal, not dropped for want of a yield."""
+    yields = []
+    monkeypatch.setattr("handlers.yielding.os.sched_yield", lambda: yields.append(1))
+    ran = [100.0]
+    monkeypatch.setattr("handlers.yielding.hold_cpu_s", lambda: ran[0])
+    monkeypatch.setattr("handlers.yielding.thread_cpu_s", lambda: ran[0])
+    stream = LaneSignal("cpu", tmp_path)
+    stream.claim()
+    yielding = YieldingPasses(LaneSignal("cpu", tmp_path), 16, on_cpu=True, pass_s=1.0, between_operators=True)
+    with stream.raised():
+        yielding._yield_within_pass()  # the first batch: yielded to
+    assert len(yields) == 1 and len(yielding.stats.holds_s) == 1
+    time.sleep(0.001)
+    with stream.raised():
+        time.sleep(0.01)  # the batch runs 10 ms on the wall clock ...
+        ran[0] += 0.003  # ... of which the thread ran 3 ms, still inside its spacing: no yield
+        yielding._yield_within_pass()
+        assert len(yields) == 1 and len(yielding.stats.holds_s) == 1
+    ran[0] += 0.002
+    yielding._yield_within_pass()  # the batch has ended: its hold is what the thread ran since its read before it
+    assert len(yields) == 1
+    assert yielding.stats.holds_s[1:] == [pytest.approx(0.005)]
