@@ -21,8 +21,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -31,12 +32,14 @@ import pyarrow.parquet as pq
 from handlers.decoding import Payload
 from handlers.lane_signal import LaneSignal
 from handlers.priority import GOMP_SPINCOUNT, OMP_WAIT_POLICY
+from handlers.torchserve.metrics import BATCH_ROWS
 from handlers.yielding import YieldingPasses
 from models import registry
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
+from scripts.bench.attribution import scrape
 from scripts.bench.report import machine, percentile, replace_section
 from scripts.bench.stream import request_body
 from scripts.jobs.example import write_example
@@ -159,8 +162,17 @@ class JobLoop:
     """One job after another (python -m scripts.jobs.batch_job, as a user runs it) until stopped; the rows done
     so far read from each job's progress file, each finished job's output checked: every row exactly once."""
 
-    def __init__(self, model: str, source: Path, folder: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        source: Path,
+        folder: Path,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        answered: Callable[[], float] | None = None,
+    ) -> None:
         self.model, self.source, self.args = model, source, args
+        self.answered = answered  # the rows its server's lane has answered so far (lane_rows), for a bulk lane job
         self.env = {**os.environ, **(env or {})}
         self.folder = Path(tempfile.mkdtemp(prefix=f"{model}-jobs-", dir=folder))  # no other loop's leftovers
         self.rows = pq.read_metadata(source).num_rows
@@ -199,6 +211,15 @@ class JobLoop:
                     progress = orjson.loads(output.with_name(output.name + ".progress.json").read_bytes())["rows_done"]
                     self._running_done = max(self._running_done, progress)
             return self._done_before + (self._running_done if output is not None else 0)
+
+    def rows_answered(self) -> float:
+        """The rows its work has answered so far, to time its rate by: its server lane's count (`answered`) for a job
+        sent to a bulk lane, else the rows it committed. A paused job's chunks in flight (up to --concurrency, 8) are
+        answered while it is stopped and committed all at once when it resumes: counted by its commits, the first
+        turn after a resume read rows computed before it. minilm's job alone read 0.80 of the same job with the
+        mechanism off, which had one turn more after a resume, and beside 16 connections 5x what the traffic left
+        (make bench, 2026-12-07). An in-process job computes in its own process: stopped, it computes nothing."""
+        return self.answered() if self.answered is not None else self.rows_done()
 
     def pause(self) -> None:
         """The job's processes stopped (SIGSTOP): nothing more reaches its lane; what is in flight finishes."""
@@ -276,6 +297,11 @@ def process_cpu_s(pids: list[int]) -> float:
     return total / CLOCK_TICKS
 
 
+def lane_rows(server, lane: str) -> float:
+    """The rows `lane` of `server` has answered so far: the handler's HandlerBatchRows, counted as each batch ends."""
+    return scrape(server).get((f"{BATCH_ROWS.name}_sum", lane), 0.0)
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all cores since boot, from /proc/stat's first line."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -301,7 +327,7 @@ def loads(plan: Plan) -> list[str]:
 
 
 def point_of(target, load: str, plan: Plan, capacity: float, condition: str, pids: list[int], job: JobLoop | None) -> Point:
-    cpu, rows, started, ticks = process_cpu_s(pids), job.rows_done() if job else 0, time.monotonic(), machine_busy_ticks()
+    cpu, rows, started, ticks = process_cpu_s(pids), job.rows_answered() if job else 0, time.monotonic(), machine_busy_ticks()
     run = measure(target, load, plan, capacity)
     elapsed = time.monotonic() - started
     busy, total = (after - before for after, before in zip(machine_busy_ticks(), ticks, strict=True))
@@ -309,7 +335,7 @@ def point_of(target, load: str, plan: Plan, capacity: float, condition: str, pid
     if job is None:
         point.stream_cpu_share = (process_cpu_s(pids) - cpu) / (elapsed * os.cpu_count())
     else:
-        point.job_rps = max(0.0, job.rows_done() - rows) / elapsed
+        point.job_rps = max(0.0, job.rows_answered() - rows) / elapsed
     print(f"  {condition:15} {load:>5}: {run.row()}" + (f"  job {point.job_rps:,.0f} rows/s" if job else ""), flush=True)
     return point
 
@@ -349,9 +375,9 @@ def run_points(result: ModelResult, target, plan: Plan, condition: str, pids: li
 
 
 def job_alone(job: JobLoop, seconds: float) -> float:
-    rows, started = job.rows_done(), time.monotonic()
+    rows, started = job.rows_answered(), time.monotonic()
     time.sleep(seconds)
-    return (job.rows_done() - rows) / (time.monotonic() - started)
+    return (job.rows_answered() - rows) / (time.monotonic() - started)
 
 
 def alternate_alone(jobs: dict[str, JobLoop], drained: dict[str, object], plan: Plan) -> dict[str, float]:
@@ -411,11 +437,19 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
         }
         for condition, (args, drained) in jobs.items():
             with contextlib.ExitStack() as running:
-                job = running.enter_context(JobLoop(model, source, workdir, args))
+                answered = partial(lane_rows, server, bulk) if condition == "bulk lane job" else None
+                job = running.enter_context(JobLoop(model, source, workdir, args, answered=answered))
                 job.wait_started()
                 if condition == "bulk lane job":
                     off_job = running.enter_context(
-                        JobLoop(model, source, workdir, [*server_job, *off_config], env={OMP_WAIT_POLICY: ""})
+                        JobLoop(
+                            model,
+                            source,
+                            workdir,
+                            [*server_job, *off_config],
+                            env={OMP_WAIT_POLICY: ""},
+                            answered=partial(lane_rows, off, bulk),
+                        )
                     )
                     off_job.wait_started()
                     rates = alternate_alone(
@@ -606,7 +640,9 @@ def section(results: list[ModelResult], plan: Plan, quick: bool) -> str:
         f"job; wrk closed loop, k6 open loop at shares of the lane's capacity at 16 connections; {plan.seconds:g} s a point. "
         f"At each load alone and beside alternate {plan.repeats} times (the job paused with SIGSTOP and its lane drained, "
         "then resumed), so that each ratio compares runs seconds apart on a machine whose speed drifts; a cell is the "
-        "mean of its runs. The job alone and the same job with the mechanism off (served side by side) take turns too.",
+        "mean of its runs. The job alone and the same job with the mechanism off (served side by side) take turns too. "
+        "A bulk lane job's rows/s are the rows its lane answered meanwhile (the handler's HandlerBatchRows), not those it "
+        "committed: a paused job's chunks in flight are answered while it is stopped and committed at once as it resumes.",
         "",
     ]
     for result in results:

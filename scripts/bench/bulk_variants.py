@@ -19,13 +19,14 @@ import contextlib
 import math
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from models import registry
 from scripts import cli
 from scripts.archive.variant import write_variant
 from scripts.bench import loadgen
-from scripts.bench.beside import JobLoop, job_input, job_rate, lane_capacity, wait_idle
+from scripts.bench.beside import JobLoop, job_input, job_rate, lane_capacity, lane_rows, wait_idle
 from scripts.bench.stream import request_body
 from scripts.layout import JSON, MODEL_STORE
 from scripts.server.temporary import only_lanes_of, serving_in
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs, drained = {}, {}
         for name, server in servers.items():
             config = ["--config", str(server.config), "--key-file", str(server.endpoints.key_file)]
-            jobs[name] = stack.enter_context(JobLoop(model, source, workdir, [*chunk, *config]))
+            answered = partial(lane_rows, server, f"{model}-bulk")
+            jobs[name] = stack.enter_context(JobLoop(model, source, workdir, [*chunk, *config], answered=answered))
             jobs[name].wait_started()
             jobs[name].pause()
             drained[name] = lambda s=server: list(ManagementApi(s.endpoints).worker_pids(f"{model}-bulk"))
@@ -99,20 +101,20 @@ def main(argv: list[str] | None = None) -> int:
                 for condition in ["alone", *jobs]:
                     job = jobs.get(condition)
                     only(condition if job else None)
-                    rows, started = (job.rows_done() if job else 0), time.monotonic()
+                    rows, started = (job.rows_answered() if job else 0), time.monotonic()
                     if load.startswith("c="):
                         run = loadgen.closed_loop(target, int(load[2:]), args.seconds, warmup_s=0.5)
                     else:
                         run = loadgen.open_loop(target, capacity * int(load.rstrip("%")) / 100, args.seconds)
-                    rate = (job.rows_done() - rows) / (time.monotonic() - started) if job else 0.0
+                    rate = (job.rows_answered() - rows) / (time.monotonic() - started) if job else 0.0
                     results.setdefault((load, condition), []).append((run.p50_ms, run.p99_ms, rate))
                     print(f"{repeat} {load:5} {condition:10} {run.row()}" + (f"  job {rate:,.0f} rows/s" if job else ""))
         alone_rates = {}
         for name, job in jobs.items():
             only(name)
-            rows, started = job.rows_done(), time.monotonic()
+            rows, started = job.rows_answered(), time.monotonic()
             time.sleep(6)
-            alone_rates[name] = (job.rows_done() - rows) / (time.monotonic() - started)
+            alone_rates[name] = (job.rows_answered() - rows) / (time.monotonic() - started)
         only(None)
         print(f"{model}, capacity {capacity:,.0f} req/s at 16 connections; mean of {args.repeats} runs:")
         for load in args.loads:

@@ -115,6 +115,27 @@ def test_the_rows_done_stand_while_a_finished_job_has_removed_its_progress_befor
     assert loop.rows_done() == 2
 
 
+def test_a_bulk_lane_jobs_rate_is_timed_by_the_rows_its_lane_answered_not_by_the_rows_it_committed(tmp_path, monkeypatch):
+    """A paused job's chunks in flight are answered while it is stopped and committed all at once when it resumes: its
+    commits would count them in the turn after. Its server lane's own count is read instead; an in-process job, which
+    computes nothing while stopped, is timed by its commits."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "instance": [1, 2, 3]}), source)
+    scraped = {("HandlerBatchRows_sum", "digits-bulk"): 500.0, ("HandlerBatchRows_sum", "digits"): 70.0}
+    monkeypatch.setattr(beside, "scrape", lambda server: scraped)
+    lane = JobLoop("digits", source, tmp_path, [], answered=partial(beside.lane_rows, object(), "digits-bulk"))
+    in_process = JobLoop("digits", source, tmp_path, [])
+    for loop in (lane, in_process):  # each has just resumed and committed 8,000 rows answered while it was stopped
+        loop._output = loop.folder / "digits-job-0.parquet"
+        loop._output.with_name(loop._output.name + ".progress.json").write_bytes(orjson.dumps({"rows_done": 8000}))
+    assert (lane.rows_answered(), lane.rows_done()) == (500.0, 8000)
+    assert in_process.rows_answered() == 8000
+    monkeypatch.setattr(beside.time, "sleep", lambda seconds: scraped.update({("HandlerBatchRows_sum", "digits-bulk"): 900.0}))
+    clock = iter([10.0, 12.0])
+    monkeypatch.setattr(beside.time, "monotonic", lambda: next(clock))
+    assert beside.job_alone(lane, 2.0) == 200.0  # (900 - 500) rows answered in 2 s, whatever it committed
+
+
 def test_the_jobs_alone_take_turns_in_an_order_reversed_every_other_round(monkeypatch):
     """The job and the same job with the mechanism off: A B, B A, A B, B A. In a fixed order the first always ran right
     after the set-up or the other's drain."""
@@ -131,7 +152,7 @@ def test_the_jobs_alone_take_turns_in_an_order_reversed_every_other_round(monkey
         def resume(self) -> None:
             turns.append(self.name)
 
-        def rows_done(self) -> int:  # each reading 100 (120) rows on: a turn's two readings differ by that
+        def rows_answered(self) -> int:  # each reading 100 (120) rows on: a turn's two readings differ by that
             self.rows += 100 if self.name == "on" else 120
             return self.rows
 
