@@ -53,10 +53,10 @@ LEARNING = 0.3
 # stretch it is in, not a whole pass_s: digits' holds, timed as YieldStats says, p99 1.47-1.73 ms against 1.96-2.03
 # spaced by pass_s (2026-12-07, in process); beside the stream lane the job ran 6,567 / 5,282 / 3,322 / 2,259 rows/s
 # at c=1 / 4 / 16 / 50% against 6,254 / 5,745 / 3,705 / 2,657 spaced by pass_s, within this VM's spread and not shown
-# to be a cost (scripts.bench.bulk_variants, 3 alternations). Halving the spacing of every yield (and the passes)
-# instead ran bounded passes at about half their rate (docs/priority.md, "Slowed, never failed": a yield costs the
-# yielder its slice); a signal held up by the same batches brings no new ones, so this spacing costs those passes
-# nothing.
+# to be a cost (scripts.bench.bulk_variants, 3 alternations, the job's commits counted from 0.7 s after a resume).
+# Halving the spacing of every yield (and the passes) instead ran bounded passes at about half their rate
+# (docs/priority.md, "Slowed, never failed": a yield costs the yielder its slice); a signal held up by the same
+# batches brings no new ones, so this spacing costs those passes nothing.
 FRESH_SPACING = 0.5
 # A full pass gets yield points between its operators when a stream batch ended within this long (handlers/op_yield.py).
 TRAFFIC_NS = 1_000_000_000
