@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Debian packages this project needs, declared once, per use:
 #   serve  make serve                    Java 17 for TorchServe's frontend
-#   test   make test (and make bench)    + wrk, g++ (AOTInductor), Prometheus with promtool, nginx with njs, the JDK's jlink
+#   test   make test (and make bench)    + wrk, g++ (AOTInductor), Prometheus with promtool, nginx with njs, the JDK's jlink,
+#                                          perf (make bench's waits for a core, scripts/bench/core_waits.py)
 #   ci     .ci/run                       + podman, runc, mmdebstrap (make image-test)
 # Missing ones are installed when this runs as root with apt-get (a fresh Debian machine); otherwise it stops
 # at once, printing the one command that installs them.
@@ -22,6 +23,7 @@ if [ "$use" = test ] || [ "$use" = ci ]; then
     # jlink, jdeps and the jmods: the GPU serving bundle's Java runtime (make gpu-serving-bundle, its test)
     need openjdk-17-jdk-headless -- has jlink jdeps
     need g++ -- has g++
+    need linux-perf -- has perf
     need prometheus -- has prometheus promtool
     # nginx with its njs module: the Kubernetes pod's token gateway (deploy/k8s/gateway/) in tests/integration/deploy
     need nginx-light libnginx-mod-http-js -- bash -c 'command -v nginx && test -e /usr/lib/nginx/modules/ngx_http_js_module.so'

@@ -2,7 +2,8 @@
 beside an in-process job, in closed loop (wrk, 1/4/16 connections) and open loop (k6, 25/50/75% of the lane's own
 capacity); the job's rows/s alone, beside the traffic, and against what the traffic left (the CPU the stream lane used
 alone, read from /proc); the job alone against the same job with the mechanism off; how long a bulk lane keeps the
-CPU after a stream lane wants it. Writes its section of docs/benchmarks.md and docs/bench/beside-<model>.png.
+CPU after a stream lane wants it, as the bulk side counts it and as the stream lane's threads waited (perf sched,
+scripts/bench/core_waits.py). Writes its section of docs/benchmarks.md and docs/bench/beside-<model>.png.
 
     python -m scripts.bench.beside [--quick] [--models NAME ...] [--no-report]   # default: every model
     python -m scripts.bench.beside --holds-only [--models NAME ...]   # only "How long a bulk lane keeps the CPU"
@@ -38,7 +39,7 @@ from models import registry
 from scripts import cli
 from scripts.archive.core import load_core
 from scripts.archive.variant import write_variant
-from scripts.bench import loadgen
+from scripts.bench import core_waits, loadgen
 from scripts.bench.attribution import scrape
 from scripts.bench.report import machine, percentile, replace_section
 from scripts.bench.stream import request_body
@@ -120,6 +121,10 @@ class ModelResult:
     baseline_rps: float | None = None  # the bulk lane job alone with the mechanism off
     jobs_checked: int = 0  # finished jobs whose output held every row exactly once
     jobs_failed: list[str] = field(default_factory=list)
+    # The stream lane's threads' waits for a core in the first alone and bulk lane job runs of each closed loop, by
+    # (load, condition) (scripts/bench/core_waits.py); why they were not measured, where they were not.
+    waits: dict[tuple[str, str], core_waits.Waits] = field(default_factory=dict)
+    waits_unavailable: str | None = None
 
     def point(self, load: str, condition: str, paired: str = CONDITIONS[1]) -> Point:
         """The mean of a load's runs in a condition; alone: those that alternated with `paired`."""
@@ -220,6 +225,11 @@ class JobLoop:
         mechanism off, which had one turn more after a resume, and beside 16 connections 5x what the traffic left
         (make bench, 2026-12-07). An in-process job computes in its own process: stopped, it computes nothing."""
         return self.answered() if self.answered is not None else self.rows_done()
+
+    def pid(self) -> int | None:
+        """The running job's process (its reader and writer), None between jobs."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
 
     def pause(self) -> None:
         """The job's processes stopped (SIGSTOP): nothing more reaches its lane; what is in flight finishes."""
@@ -361,17 +371,44 @@ def wait_idle(pids, timeout: float = 30.0, window: float = 0.3) -> None:
         before = now
 
 
-def run_points(result: ModelResult, target, plan: Plan, condition: str, pids: list[int], job: JobLoop, drained) -> None:
-    """At each load, alone (the job paused, its lane drained) and beside it, alternately, plan.repeats times."""
+def run_points(
+    result: ModelResult, target, plan: Plan, condition: str, pids: list[int], job: JobLoop, drained, background=None
+) -> None:
+    """At each load, alone (the job paused, its lane drained) and beside it, alternately, plan.repeats times. With
+    `background` (the pids of the job's processes and its lane's workers), the first alone and beside runs of each
+    closed loop also record the stream lane's waits for a core (core_waits)."""
     for load in loads(plan):
-        for _ in range(plan.repeats):
+        for repeat in range(plan.repeats):
+            traced = background is not None and repeat == 0 and load.startswith("c=")
             job.pause()
             wait_idle(drained)
-            alone = point_of(target, load, plan, result.capacity_rps, "alone", pids, None)
+            with _waits_of(result, load, "alone", plan, pids, background, traced):
+                alone = point_of(target, load, plan, result.capacity_rps, "alone", pids, None)
             alone.paired = condition
             job.resume()
-            beside = point_of(target, load, plan, result.capacity_rps, condition, pids, job)
+            with _waits_of(result, load, condition, plan, pids, background, traced):
+                beside = point_of(target, load, plan, result.capacity_rps, condition, pids, job)
             result.points += [alone, beside]
+
+
+@contextlib.contextmanager
+def _waits_of(result: ModelResult, load: str, condition: str, plan: Plan, pids: list[int], background, traced: bool):
+    """The block's waits of the stream lane's threads for a core into result.waits, if `traced`."""
+    if not traced:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="perf-sched-") as folder:
+        path = Path(folder) / "sched.data"
+        with core_waits.recording(path, plan.warmup + plan.seconds):
+            yield
+        waits = result.waits[(load, condition)] = core_waits.read(path, pids, background())
+    taken = waits.after_background_ms
+    print(
+        f"  {condition:15} {load:>5}: stream lane's waits for a core p99 {percentile(waits.all_ms, 0.99):.3f} ms "
+        f"({len(waits.all_ms)}); from the bulk side p99 / max {percentile(taken, 0.99):.3f} / "
+        f"{max(taken, default=float('nan')):.3f} ms ({len(taken)})",
+        flush=True,
+    )
 
 
 def job_alone(job: JobLoop, seconds: float) -> float:
@@ -418,7 +455,7 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
         endpoints = server.endpoints
         target = loadgen.Target(endpoints.prediction_url(model), body, JSON, endpoints.token("inference"))
         capacity = lane_capacity(target, plan.seconds, plan.warmup)
-        result = ModelResult(model, capacity)
+        result = ModelResult(model, capacity, waits_unavailable=core_waits.unavailable())
         print(f"{model}: capacity {capacity:,.0f} req/s at 16 connections", flush=True)
         pids = stream_pids(server, model)
         bulk = f"{model}-bulk"
@@ -462,9 +499,17 @@ def bench_model(model: str, plan: Plan, workdir: Path) -> ModelResult:
                 else:
                     result.job_alone[condition] = job_alone(job, plan.job_seconds)
                 print(f"  {condition} alone: {result.job_alone[condition]:,.0f} rows/s", flush=True)
-                run_points(result, target, plan, condition, pids, job, drained)
+                background = None
+                if condition == "bulk lane job" and result.waits_unavailable is None:
+                    background = partial(_background_pids, job, drained)
+                run_points(result, target, plan, condition, pids, job, drained, background)
             check_finished(result, target, plan, condition, pids, JobLoop(model, checked, workdir, args))
     return result
+
+
+def _background_pids(job: JobLoop, drained) -> list[int]:
+    """The bulk lane's workers and the job's process: the threads at idle priority beside the stream lane."""
+    return [*drained(), *([job.pid()] if job.pid() is not None else [])]
 
 
 def check_finished(result: ModelResult, target, plan: Plan, condition: str, pids: list[int], job: JobLoop) -> None:
@@ -683,6 +728,7 @@ def section(results: list[ModelResult], plan: Plan, quick: bool) -> str:
             "",
             f"![{result.model} beside a batch job](bench/beside-{result.model}.png)",
             "",
+            *waits_lines(result),
         ]
     lines += ["### Targets", "", "| target | ratio | bound | |", "| --- | --- | --- | --- |"]
     for result in results:
@@ -690,6 +736,44 @@ def section(results: list[ModelResult], plan: Plan, quick: bool) -> str:
             sign = "≤" if " p50 " in what or " p99 " in what else "≥"
             lines.append(f"| {what} | {ratio:.2f} | {sign} {bound} | {'met' if met else 'missed'} |")
     return "\n".join(lines)
+
+
+def waits_lines(result: ModelResult) -> list[str]:
+    """The stream lane's waits for a core, alone and beside the bulk lane job, and those a background thread made."""
+    if result.waits_unavailable is not None:
+        return [f"The stream lane's waits for a core: not measured ({result.waits_unavailable}).", ""]
+    lines = [
+        "The stream lane's waits for a core (`perf sched`, system wide, in the first alone and bulk lane job runs of "
+        "each closed loop): each time a thread of its workers or frontend was put on a core, how long it had been "
+        "runnable; apart, those where it took the core from a thread of the bulk lane's workers or the job's process "
+        "(both at idle priority), having waited on that core: how long the bulk side kept a core the stream lane "
+        f"wanted. The bound, "
+        f"{HOLD_BOUND_MS:g} ms on the CPU, is checked on the longest of those.",
+        "",
+        "| load | alone: p99 / max ms (n) | beside: p99 / max ms (n) | beside, the core from the bulk side: p50 / p99 / "
+        f"max ms (n) | longest ≤ {HOLD_BOUND_MS:g} ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for (load, condition), beside in result.waits.items():
+        if condition == "alone":
+            continue
+        alone = result.waits.get((load, "alone"), core_waits.Waits())
+        taken = beside.after_background_ms
+        bound = ("met" if max(taken) <= HOLD_BOUND_MS else "missed") if taken else "none seen"
+        moved = f"; {beside.moved_in} moved in from another core left out" if beside.moved_in else ""
+        lines.append(
+            f"| {load} | {_spread(alone.all_ms, False)} | {_spread(beside.all_ms, False)} | {_spread(taken, True)}{moved} "
+            f"| {bound} |"
+        )
+    return [*lines, ""]
+
+
+def _spread(values: list[float], median: bool) -> str:
+    if not values:
+        return "none (0)"
+    shown = [percentile(values, 0.5)] if median else []
+    shown += [percentile(values, 0.99), max(values)]
+    return " / ".join(f"{v:.3f}" for v in shown) + f" ({len(values)})"
 
 
 def holds_section(hold_results: list[HoldResult]) -> str:

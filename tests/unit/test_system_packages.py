@@ -35,7 +35,7 @@ def run_without_tools(use: str) -> subprocess.CompletedProcess:
 def test_a_user_without_the_packages_gets_the_one_command_to_run():
     done = run_without_tools("test")
     assert done.returncode == 2, done.stderr
-    packages = "openjdk-17-jre-headless wrk openjdk-17-jdk-headless g++ prometheus nginx-light libnginx-mod-http-js"
+    packages = "openjdk-17-jre-headless wrk openjdk-17-jdk-headless g++ linux-perf prometheus nginx-light libnginx-mod-http-js"
     assert f"missing Debian packages for 'test': {packages}" in done.stderr
     assert f"  apt-get update && apt-get install -y --no-install-recommends {packages}" in done.stderr
 
