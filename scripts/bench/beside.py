@@ -122,8 +122,8 @@ class ModelResult:
     jobs_checked: int = 0  # finished jobs whose output held every row exactly once
     jobs_failed: list[str] = field(default_factory=list)
     # The stream lane's threads' waits for a core in the first alone and bulk lane job runs of each closed loop, by
-    # (load, condition) (scripts/bench/core_waits.py); why they were not measured, where they were not.
-    waits: dict[tuple[str, str], core_waits.Waits] = field(default_factory=dict)
+    # (load, condition, "workers" or "frontend") (scripts/bench/core_waits.py); why they were not measured, where not.
+    waits: dict[tuple[str, str, str], core_waits.Waits] = field(default_factory=dict)
     waits_unavailable: str | None = None
 
     def point(self, load: str, condition: str, paired: str = CONDITIONS[1]) -> Point:
@@ -393,22 +393,36 @@ def run_points(
 
 @contextlib.contextmanager
 def _waits_of(result: ModelResult, load: str, condition: str, plan: Plan, pids: list[int], background, traced: bool):
-    """The block's waits of the stream lane's threads for a core into result.waits, if `traced`."""
-    if not traced:
+    """The block's waits of the stream lane's threads for a core into result.waits, if `traced`. The background pids
+    are read before and after the block: a job that ends meanwhile is followed by another process. A recording that
+    fails stops the tracing for the model: the section says why."""
+    if not traced or result.waits_unavailable is not None:
         yield
         return
+    behind = set(background())
     with tempfile.TemporaryDirectory(prefix="perf-sched-") as folder:
         path = Path(folder) / "sched.data"
-        with core_waits.recording(path, plan.warmup + plan.seconds):
+        with core_waits.recording(path, plan.warmup + plan.seconds) as recorded:
             yield
-        waits = result.waits[(load, condition)] = core_waits.read(path, pids, background())
-    taken = waits.after_background_ms
-    print(
-        f"  {condition:15} {load:>5}: stream lane's waits for a core p99 {percentile(waits.all_ms, 0.99):.3f} ms "
-        f"({len(waits.all_ms)}); from the bulk side p99 / max {percentile(taken, 0.99):.3f} / "
-        f"{max(taken, default=float('nan')):.3f} ms ({len(taken)})",
-        flush=True,
-    )
+        try:
+            if recorded.error is not None:
+                raise RuntimeError(recorded.error)
+            # stream_pids: the workers, then the frontend
+            groups = {"workers": pids[:-1], "frontend": pids[-1:]}
+            waits = core_waits.read_groups(path, groups, behind | set(background()))
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            result.waits_unavailable = f"perf failed at {load}, {condition}: {error}"
+            print(f"  {result.waits_unavailable}", flush=True)
+            return
+    for group, found in waits.items():
+        result.waits[(load, condition, group)] = found
+        taken = found.after_background_ms
+        print(
+            f"  {condition:15} {load:>5}: {group}: waits for a core p99 {percentile(found.all_ms, 0.99):.3f} ms "
+            f"({len(found.all_ms)}); from the bulk side p99 / max {percentile(taken, 0.99):.3f} / "
+            f"{max(taken, default=float('nan')):.3f} ms ({len(taken)}); moved in {found.moved_in}",
+            flush=True,
+        )
 
 
 def job_alone(job: JobLoop, seconds: float) -> float:
@@ -739,31 +753,32 @@ def section(results: list[ModelResult], plan: Plan, quick: bool) -> str:
 
 
 def waits_lines(result: ModelResult) -> list[str]:
-    """The stream lane's waits for a core, alone and beside the bulk lane job, and those a background thread made."""
+    """The stream lane's waits for a core, alone and beside the bulk lane job, and those a background thread made; its
+    workers' threads and its frontend's apart."""
     if result.waits_unavailable is not None:
         return [f"The stream lane's waits for a core: not measured ({result.waits_unavailable}).", ""]
     lines = [
         "The stream lane's waits for a core (`perf sched`, system wide, in the first alone and bulk lane job runs of "
-        "each closed loop): each time a thread of its workers or frontend was put on a core, how long it had been "
-        "runnable; apart, those where it took the core from a thread of the bulk lane's workers or the job's process "
-        "(both at idle priority), having waited on that core: how long the bulk side kept a core the stream lane "
-        f"wanted. The bound, "
-        f"{HOLD_BOUND_MS:g} ms on the CPU, is checked on the longest of those.",
+        "each closed loop): each time a thread of its workers or of its frontend was put on a core, how long it had "
+        "been runnable; apart, those where it took the core from a thread of the bulk lane's workers or the job's "
+        "process (both at idle priority), having waited on that core (a thread moved in from another core is left "
+        "out): an upper bound on how long the bulk side kept a core the stream lane wanted (other threads may have run "
+        f"there for part of the wait). The bound, {HOLD_BOUND_MS:g} ms on the CPU, is checked on the longest of those.",
         "",
-        "| load | alone: p99 / max ms (n) | beside: p99 / max ms (n) | beside, the core from the bulk side: p50 / p99 / "
-        f"max ms (n) | longest ≤ {HOLD_BOUND_MS:g} ms |",
-        "| --- | --- | --- | --- | --- |",
+        "| load | threads | alone: p99 / max ms (n) | beside: p99 / max ms (n) | beside, the core from the bulk side: p50 "
+        f"/ p99 / max ms (n) | longest ≤ {HOLD_BOUND_MS:g} ms |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for (load, condition), beside in result.waits.items():
+    for (load, condition, group), beside in result.waits.items():
         if condition == "alone":
             continue
-        alone = result.waits.get((load, "alone"), core_waits.Waits())
+        alone = result.waits.get((load, "alone", group), core_waits.Waits())
         taken = beside.after_background_ms
         bound = ("met" if max(taken) <= HOLD_BOUND_MS else "missed") if taken else "none seen"
         moved = f"; {beside.moved_in} moved in from another core left out" if beside.moved_in else ""
         lines.append(
-            f"| {load} | {_spread(alone.all_ms, False)} | {_spread(beside.all_ms, False)} | {_spread(taken, True)}{moved} "
-            f"| {bound} |"
+            f"| {load} | {group} | {_spread(alone.all_ms, False)} | {_spread(beside.all_ms, False)} "
+            f"| {_spread(taken, True)}{moved} | {bound} |"
         )
     return [*lines, ""]
 

@@ -6,8 +6,10 @@ the stream lane feels is the kernel's doing as much as the yield's. This reads i
 the real server beside the real job: every time one of the lane's threads (its workers', its frontend's) is put on a
 core, how long it had been runnable (woken, or preempted) before it ran, from the kernel's scheduler events
 (`perf sched record`, system wide; `perf sched timehist` computes the delays). Where the thread took the core from a
-background thread (a bulk lane worker's, the job's), that delay is how long the background lane kept the core after
-the stream lane wanted it.
+background thread (a bulk lane worker's, the job's) after waiting on that core, that delay bounds from above how long
+the background lane kept the core after the stream lane wanted it (other threads may have run there for part of the
+wait). A thread the kernel moved to that core after it became runnable had waited for another core: left out,
+counted apart.
 
 Needs Debian's linux-perf and the right to trace the scheduler system wide (root, or kernel.perf_event_paranoid -1):
 `unavailable()` says why not, and the bench then says so instead of a figure.
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 IDLE = "<idle>"
+TIMEHIST = ["perf", "sched", "timehist", "-M"]  # -M: the moves of tasks between cores too (waits_in)
 MIGRATED = re.compile(r"migrated: .*\[(-?\d+)(?:/-?\d+)?\] cpu \d+ => \d+\s*$")
 # A move within this long of becoming runnable is the wake-up's own choice of core, not a later pull.
 WAKE_MOVE_MS = 0.02
@@ -56,24 +59,41 @@ def unavailable() -> str | None:
     return None
 
 
+@dataclass
+class Recording:
+    error: str | None = None  # why perf failed, once the recording is done
+
+
 @contextlib.contextmanager
-def recording(path: Path, seconds: float) -> Iterator[None]:
-    """The scheduler's events on every core into `path` for `seconds` from entry (the block should last as long)."""
+def recording(path: Path, seconds: float) -> Iterator[Recording]:
+    """The scheduler's events on every core into `path` for about `seconds` from entry (the block should last as long;
+    perf's own start-up, a fraction of a second, is not recorded). The Recording it gives says, after the block,
+    whether perf failed."""
+    recorded = Recording()
     process = subprocess.Popen(
         ["perf", "sched", "record", "-o", str(path), "--", "sleep", str(seconds)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        yield
+        yield recorded
     finally:
-        process.wait(timeout=seconds + 60)
+        _, stderr = process.communicate(timeout=seconds + 60)
+        if process.returncode != 0:
+            lines = [line for line in stderr.splitlines() if line.strip()]
+            recorded.error = f"perf sched record exited {process.returncode}: {lines[-1] if lines else ''}"
 
 
 def read(path: Path, stream: Iterable[int], background: Iterable[int]) -> Waits:
     """The waits of the threads of processes `stream` in a recording, those after a thread of `background` apart."""
-    text = subprocess.run(["perf", "sched", "timehist", "-i", str(path)], capture_output=True, text=True, check=True).stdout
-    return waits_in(text, set(stream), set(background))
+    return read_groups(path, {"stream": stream}, background)["stream"]
+
+
+def read_groups(path: Path, groups: dict[str, Iterable[int]], background: Iterable[int]) -> dict[str, Waits]:
+    """read() for each group of processes (a lane's workers, its frontend), the recording read once."""
+    text = subprocess.run(TIMEHIST + ["-i", str(path)], capture_output=True, text=True, check=True).stdout
+    return {name: waits_in(text, set(pids), set(background)) for name, pids in groups.items()}
 
 
 def waits_in(timehist: str, stream: set[int], background: set[int]) -> Waits:

@@ -59,45 +59,69 @@ def test_a_thread_moved_to_the_core_after_it_became_runnable_waited_for_another_
 
 
 def test_headers_and_lines_of_another_shape_are_skipped():
-    text = "Samples do not have callchains.\n" + TIMEHIST + "\nsome summary line [0000] x y z\n"
+    odd = "   81758.800000 [0000]  python[300]                         idle       n/a        n/a\n"
+    text = "Samples do not have callchains.\n" + TIMEHIST + odd + "summary [0000] of 3 lines\n"
     assert waits_in(text, {300}, {400}).all_ms == [0.8, 1.7]
+
+
+def test_a_recording_is_read_with_the_moves_between_cores(tmp_path, monkeypatch):
+    """The moves (-M) are what tell a thread pulled from another core apart: read() asks timehist for them."""
+    asked = []
+
+    def timehist(command, **kwargs):
+        asked.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout=TIMEHIST, stderr="")
+
+    monkeypatch.setattr(core_waits.subprocess, "run", timehist)
+    waits = core_waits.read(tmp_path / "sched.data", [300], [400, 500])
+    assert asked == [["perf", "sched", "timehist", "-M", "-i", str(tmp_path / "sched.data")]]
+    assert waits.after_background_ms == [0.8, 1.7]
 
 
 def test_the_section_shows_the_waits_per_closed_loop_and_checks_the_longest_from_the_bulk_side_against_1_ms():
     result = ModelResult("digits", 1000.0)
-    result.waits[("c=1", "alone")] = Waits([0.1, 0.2, 3.0], [])
-    result.waits[("c=1", "bulk lane job")] = Waits([0.1, 0.5, 0.9], [0.5, 0.9])
-    result.waits[("c=4", "alone")] = Waits([0.1], [])
-    result.waits[("c=4", "bulk lane job")] = Waits([0.1, 2.5], [2.5])
+    result.waits[("c=1", "alone", "workers")] = Waits([0.1, 0.2, 3.0], [])
+    result.waits[("c=1", "bulk lane job", "workers")] = Waits([0.1, 0.5, 0.9], [0.5, 0.9])
+    result.waits[("c=4", "alone", "frontend")] = Waits([0.1], [])
+    result.waits[("c=4", "bulk lane job", "frontend")] = Waits([0.1, 2.5], [2.5])
     text = "\n".join(waits_lines(result))
-    assert "| c=1 | 3.000 / 3.000 (3) | 0.900 / 0.900 (3) | 0.900 / 0.900 / 0.900 (2) | met |" in text
-    assert "| c=4 | 0.100 / 0.100 (1) | 2.500 / 2.500 (2) | 2.500 / 2.500 / 2.500 (1) | missed |" in text
+    assert "| c=1 | workers | 3.000 / 3.000 (3) | 0.900 / 0.900 (3) | 0.900 / 0.900 / 0.900 (2) | met |" in text
+    assert "| c=4 | frontend | 0.100 / 0.100 (1) | 2.500 / 2.500 (2) | 2.500 / 2.500 / 2.500 (1) | missed |" in text
+    result.waits[("c=4", "bulk lane job", "frontend")].moved_in = 3
+    assert "| 2.500 / 2.500 / 2.500 (1); 3 moved in from another core left out | missed |" in "\n".join(waits_lines(result))
     result.waits_unavailable = "perf is not installed (Debian's linux-perf)"
     why = "perf is not installed (Debian's linux-perf)"
     assert waits_lines(result)[0] == f"The stream lane's waits for a core: not measured ({why})."
 
 
-BUSY = "import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end: pass\n"
+SPIN = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: pass\n"
+SLEEP = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end: time.sleep(0.001)\n"
 
 
 @pytest.mark.skipif(core_waits.unavailable() is not None, reason=f"perf sched cannot record here: {core_waits.unavailable()}")
 def test_a_recording_sees_a_normal_thread_that_waits_behind_idle_priority_spinners(tmp_path):
-    """A real trace: a spinner per core at SCHED_IDLE, and a normal process that sleeps 1 ms at a time. It is put on a
-    core many times, and some of those from a spinner."""
-    idle = [
-        subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n{BUSY}"])
-        for _ in range(os.cpu_count() or 1)
-    ]
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nfor _ in range(600): time.sleep(0.001)"])
+    """A real trace: a spinner per core at SCHED_IDLE for 3 s, and a normal process that sleeps 1 ms at a time as long;
+    1 s recorded in the middle. The sleeper is put on a core many times, and some of those from a spinner."""
+    idle = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    spinners = [subprocess.Popen([sys.executable, "-c", idle + SPIN]) for _ in range(os.cpu_count() or 1)]
+    sleeper = subprocess.Popen([sys.executable, "-c", SLEEP])
     path = tmp_path / "sched.data"
     try:
-        with core_waits.recording(path, 1.0):
+        time.sleep(0.7)  # every process started
+        with core_waits.recording(path, 1.0) as recorded:
             time.sleep(1.0)
     finally:
-        sleeper.wait(timeout=30)
-        for spinner in idle:
-            spinner.wait(timeout=30)
-    waits = core_waits.read(path, [sleeper.pid], [p.pid for p in idle])
+        for process in (sleeper, *spinners):
+            process.wait(timeout=30)
+    assert recorded.error is None
+    waits = core_waits.read(path, [sleeper.pid], [p.pid for p in spinners])
     assert len(waits.all_ms) >= 100
     assert 0 < len(waits.after_background_ms) <= len(waits.all_ms)
     assert all(w >= 0 for w in waits.all_ms)
+
+
+@pytest.mark.skipif(core_waits.unavailable() is not None, reason=f"perf sched cannot record here: {core_waits.unavailable()}")
+def test_a_recording_that_perf_cannot_write_says_why(tmp_path):
+    with core_waits.recording(tmp_path / "no such folder" / "sched.data", 0.1) as recorded:
+        time.sleep(0.1)
+    assert recorded.error is not None and recorded.error.startswith("perf sched record exited ")
